@@ -1,0 +1,1 @@
+"""A reusable trio ACP host library. Knows nothing of kilns or cards."""

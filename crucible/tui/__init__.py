@@ -1,0 +1,1 @@
+"""The prompt-toolkit chat. The only asyncio-aware code in Crucible."""
