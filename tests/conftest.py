@@ -1,0 +1,47 @@
+"""Shared test fixtures. Area-specific fixtures live in each tests/<area>/conftest.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_KILN = REPO_ROOT.parent / "shared" / "kilns" / "crucible-docs"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def fixture_kiln_src() -> Path:
+    """The project's own sample kiln (read-only: copy it with `tmp_kiln` before writing)."""
+    return REPO_ROOT / "fixtures" / "kiln"
+
+
+@pytest.fixture(scope="session")
+def shared_kiln() -> Path:
+    if not SHARED_KILN.is_dir():
+        pytest.skip(f"the sample kiln {SHARED_KILN.name} is not beside the project")
+    return SHARED_KILN
+
+
+@pytest.fixture(scope="session")
+def cru_bin() -> str:
+    """The `cru` executable of the venv running the tests."""
+    return str(Path(sys.executable).parent / "cru")
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    """The environment with a private config and data dir, so tests never read the person's own."""
+    env = dict(os.environ)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
+    env.pop("CRUCIBLE_CONFIG", None)
+    env.pop("CRUCIBLE_KILN", None)
+    return env
