@@ -1,0 +1,377 @@
+"""config.toml (XDG path) -> pydantic models, with `{env:VAR}` interpolation.
+
+Where things are: the config is `--config FILE`, else `$CRUCIBLE_CONFIG`, else
+`$XDG_CONFIG_HOME/crucible/config.toml`; `mcps.toml` beside it adds upstream MCP servers.
+Every error names the file, the dotted key and what is allowed there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from crucible.errors import CrucibleError
+
+# Strict: TOML already has types, so "3" for an integer is a mistake worth reporting,
+# not something to coerce silently.
+_MODEL_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+class ConfigError(CrucibleError):
+    """A config file that cannot be used: names the file, the key and what is allowed."""
+
+
+class AgentProfile(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    extends: str | None = None
+
+
+class IndexConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    url: str | None = None  # a Chroma server, e.g. http://127.0.0.1:8000; None = embedded store
+    collection: str = "kiln"
+
+
+class EmbedderConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    provider: Literal["builtin", "ollama", "openai"] = "builtin"
+    model: str | None = None
+    url: str | None = None
+    api_key: str | None = None
+    batch_size: int = 16
+
+
+class DelegationConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    enabled: bool = True
+    max_depth: int = 1
+    allowed_targets: list[str] | None = None
+    max_concurrent: int = 3
+    result_max_bytes: int = 51200
+    timeout_secs: int = 300
+
+
+class McpTransport(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    type: Literal["stdio", "http", "sse"]
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+
+
+class McpServerConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    name: str
+    prefix: str | None = None
+    transport: McpTransport
+    allowed_tools: list[str] | None = None
+    blocked_tools: list[str] | None = None
+
+
+class McpConfig(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    servers: list[McpServerConfig] = Field(default_factory=list)
+
+
+class Config(BaseModel):
+    model_config = _MODEL_CONFIG
+
+    kiln: Path | None = Field(default=None, strict=False)
+    default_agent: str = "claude"
+    agents: dict[str, AgentProfile] = Field(default_factory=dict)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
+    permissions: dict[str, Literal["allow", "ask", "deny"]] = Field(default_factory=dict)
+    delegation: DelegationConfig = Field(default_factory=DelegationConfig)
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    mcp: McpConfig = Field(default_factory=McpConfig)
+    # Where the config was loaded from (None = defaults). Never read from the file itself.
+    source: Path | None = Field(default=None, exclude=True, strict=False)
+
+
+# Keys that the file may not set although they are fields of the model.
+_NOT_FROM_FILE = {"source"}
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _expand(p: str | Path) -> Path:
+    return Path(os.path.expanduser(str(p)))
+
+
+def config_path(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """`--config`, else `$CRUCIBLE_CONFIG`, else `$XDG_CONFIG_HOME/crucible/config.toml`."""
+    e = _env(env)
+    if explicit:
+        return _expand(explicit)
+    if e.get("CRUCIBLE_CONFIG"):
+        return _expand(e["CRUCIBLE_CONFIG"])
+    base = e.get("XDG_CONFIG_HOME") or os.path.join(e.get("HOME") or os.path.expanduser("~"), ".config")
+    return _expand(base) / "crucible" / "config.toml"
+
+
+def data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_DATA_HOME/crucible` (`~/.local/share/crucible`): sessions and other state."""
+    e = _env(env)
+    base = e.get("XDG_DATA_HOME") or os.path.join(
+        e.get("HOME") or os.path.expanduser("~"), ".local", "share"
+    )
+    return _expand(base) / "crucible"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+_ENV_REF = re.compile(r"\{env:([^}]*)\}")
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str], file: Path) -> Any:
+    """Replace `{env:VAR}` in every string value (keys are left alone)."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                raise ConfigError(
+                    f"{file}: {_dotted(loc)} refers to the environment variable {name}, "
+                    "which is not set",
+                    fix=f"set {name} in the environment, or change {_dotted(loc)} in {file}",
+                )
+            return env[name]
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, (*loc, k), env, file) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, (*loc, i), env, file) for i, v in enumerate(value)]
+    return value
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _type_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
+    """The annotation reached by walking `loc` from `model` (None when it cannot be followed)."""
+    tp: Any = model
+    for part in loc:
+        tp = _unwrap_optional(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(str(part))
+            if field is None:
+                return None
+            tp = field.annotation
+            continue
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin is dict and len(args) == 2:
+            tp = args[1]
+        elif origin is list and args:
+            tp = args[0]
+        else:
+            return None
+    return tp
+
+
+def _describe(tp: Any) -> str:
+    if tp is None:
+        return "a different value"
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return "a table"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    text = tp.__name__ if isinstance(tp, type) else str(tp)
+    text = text.replace("typing.", "").replace("pathlib.", "")
+    names = {"str": "a string", "int": "an integer", "bool": "true or false",
+             "float": "a number", "Path": "a path string"}
+    if text in names:
+        return names[text]
+    text = text.replace("dict[str, Any]", "a table").replace("Path", "str")
+    return f"a value of type {text}"
+
+
+def _allowed_keys(model: type[BaseModel], section: tuple[int | str, ...]) -> list[str]:
+    tp = _unwrap_optional(_type_at(model, section))
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        keys = list(tp.model_fields)
+        if tp is Config:
+            keys = [k for k in keys if k not in _NOT_FROM_FILE]
+        return keys
+    return []
+
+
+def _error_from_validation(
+    exc: ValidationError, model: type[BaseModel], file: Path, prefix: tuple[int | str, ...] = ()
+) -> ConfigError:
+    lines: list[str] = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = _dotted((*prefix, *loc))
+        if err["type"] == "extra_forbidden":
+            section = loc[:-1]
+            allowed = _allowed_keys(model, section)
+            where = f"[{_dotted((*prefix, *section))}]" if (prefix or section) else "the top level"
+            lines.append(
+                f"unknown key {key}; allowed keys in {where}: "
+                + (", ".join(allowed) if allowed else "(none)")
+            )
+        elif err["type"] == "missing":
+            lines.append(f"{key} is required ({_describe(_type_at(model, loc))})")
+        else:
+            got = err.get("input")
+            got_text = f" got {type(got).__name__} {got!r}" if not isinstance(got, dict) else " got a table"
+            lines.append(f"{key}: expected {_describe(_type_at(model, loc))};{got_text}")
+    head = f"{file}: " + lines[0] if lines else f"{file}: invalid config"
+    more = "".join(f"\n  {line}" for line in lines[1:])
+    return ConfigError(head + more, fix=f"edit {file}")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}",
+                          fix="check the file's permissions") from e
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text", fix="save the file as UTF-8") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}", fix=f"fix the syntax in {path}") from e
+
+
+def parse_config(raw: Mapping[str, Any], file: Path, env: Mapping[str, str] | None = None) -> Config:
+    """Validate a config table already read from `file` (interpolating `{env:VAR}`)."""
+    e = _env(env)
+    for key in _NOT_FROM_FILE:
+        if key in raw:
+            allowed = _allowed_keys(Config, ())
+            raise ConfigError(
+                f"{file}: unknown key {key}; allowed keys in the top level: {', '.join(allowed)}",
+                fix=f"remove {key} from {file}",
+            )
+    data = _interpolate(dict(raw), (), e, file)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise _error_from_validation(exc, Config, file) from None
+    if config.kiln is not None:
+        kiln = _expand(config.kiln)
+        if not kiln.is_absolute():
+            kiln = file.parent / kiln  # relative to the config file, not to wherever cru runs
+        config.kiln = kiln
+    return config
+
+
+def _merge_mcps(config: Config, mcps_file: Path, env: Mapping[str, str]) -> None:
+    raw = _read_toml(mcps_file)
+    # mcps.toml uses the same `[[mcp.servers]]` tables as config.toml; a bare `[[servers]]` also works.
+    prefix: tuple[int | str, ...]
+    if "mcp" in raw:
+        extra = [k for k in raw if k != "mcp"]
+        if extra:
+            raise ConfigError(f"{mcps_file}: unknown key {extra[0]}; allowed keys in the top level: mcp",
+                              fix=f"mcps.toml holds only [[mcp.servers]] tables; move {extra[0]} to config.toml")
+        section, prefix = raw["mcp"], ("mcp",)
+    else:
+        section, prefix = raw, ()
+    section = _interpolate(section, prefix, env, mcps_file)
+    try:
+        extra_cfg = McpConfig.model_validate(section)
+    except ValidationError as exc:
+        raise _error_from_validation(exc, McpConfig, mcps_file, prefix) from None
+    config.mcp.servers.extend(extra_cfg.servers)
+
+
+def _check_mcp_names(config: Config, files: str) -> None:
+    seen: set[str] = set()
+    for server in config.mcp.servers:
+        if server.name in seen:
+            raise ConfigError(f"{files}: two MCP servers are named {server.name!r}",
+                              fix="give each [[mcp.servers]] entry a unique name")
+        seen.add(server.name)
+
+
+def load_config(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load the config; a missing default file gives the defaults, a missing named file is an error."""
+    e = _env(env)
+    path = config_path(explicit, e)
+    named = bool(explicit) or bool(e.get("CRUCIBLE_CONFIG"))
+    if path.is_file():
+        config = parse_config(_read_toml(path), path, e)
+        config.source = path
+    elif path.exists():
+        raise ConfigError(f"{path}: the config is not a file", fix="point --config at a config.toml file")
+    elif named:
+        how = "--config" if explicit else "$CRUCIBLE_CONFIG"
+        raise ConfigError(f"{path}: no such config file (from {how})",
+                          fix=f"create it, or fix {how}")
+    else:
+        config = Config()
+    mcps = path.parent / "mcps.toml"
+    if mcps.is_file():
+        _merge_mcps(config, mcps, e)
+        _check_mcp_names(config, f"{path} + {mcps}")
+    else:
+        _check_mcp_names(config, str(path))
+    return config
+
+
+def resolve_kiln(cli_kiln: str | None, config: Config, env: Mapping[str, str] | None = None) -> Path:
+    """`--kiln`, else `$CRUCIBLE_KILN`, else the config's `kiln`, else the current directory."""
+    e = _env(env)
+    if cli_kiln:
+        raw, how = _expand(cli_kiln), "--kiln"
+    elif e.get("CRUCIBLE_KILN"):
+        raw, how = _expand(e["CRUCIBLE_KILN"]), "$CRUCIBLE_KILN"
+    elif config.kiln is not None:
+        raw, how = _expand(config.kiln), f"kiln in {config.source}" if config.source else "the config's kiln"
+    else:
+        raw, how = Path.cwd(), "the current directory"
+    path = raw.resolve()
+    if not path.exists():
+        raise CrucibleError(
+            f"the kiln folder {path} does not exist (from {how})",
+            fix=f"create it (mkdir -p {path}) or choose another with --kiln DIR",
+        )
+    if not path.is_dir():
+        raise CrucibleError(f"the kiln {path} is not a folder (from {how})",
+                            fix="point --kiln at the folder that holds your notes")
+    return path

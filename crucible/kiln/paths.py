@@ -1,0 +1,186 @@
+"""Safe paths inside a kiln: every path a tool sees is relative to the kiln and stays in it.
+
+Errors show only kiln-relative paths, never an absolute path of the person's machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from crucible.errors import CrucibleError
+
+RESERVED_DIR = ".crucible"
+# Folders never listed: tool state, VCS, editor config, trash, dependencies (plus any dot-folder).
+SKIP_DIRS = frozenset({".crucible", ".git", ".obsidian", ".trash", "node_modules"})
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+class KilnPathError(CrucibleError):
+    """A path that is not allowed, or not there, in the kiln (message: kiln-relative paths only)."""
+
+    def __init__(self, message: str, fix: str | None = None, rel: str | None = None) -> None:
+        super().__init__(message, fix)
+        self.rel = rel
+
+
+class KilnNotFoundError(KilnPathError):
+    """The path is allowed but nothing is there."""
+
+
+def _show(rel: str) -> str:
+    return repr(rel.replace("\\", "/"))
+
+
+def normalize_folder(folder: str | None) -> str:
+    """`None`, "null", "", ".", "/" (and "./") mean the kiln root: ""."""
+    if folder is None:
+        return ""
+    f = folder.strip().replace("\\", "/")
+    if f in ("", ".", "/", "./", "null"):
+        return ""
+    while f.startswith("./"):
+        f = f[2:]
+    return f.rstrip("/")
+
+
+def _is_reserved(parts: tuple[str, ...]) -> bool:
+    # casefold: on a case-insensitive filesystem `.Crucible` is the same folder
+    return bool(parts) and parts[0].casefold() == RESERVED_DIR
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def resolve_in_kiln(
+    root: Path, rel: str, *, for_write: bool = False, must_exist: bool = False
+) -> Path:
+    """The absolute, symlink-resolved path of kiln-relative `rel`, or KilnPathError.
+
+    Refuses NUL, `~`, absolute paths, any `..`, `.crucible/`, and symlinks (the file or a parent)
+    that resolve outside the kiln. `for_write=True` allows only `.md` notes. "" is the kiln root.
+    """
+    root = root.resolve()
+    if not isinstance(rel, str):
+        raise KilnPathError(f"a kiln path must be a string, not {type(rel).__name__}")
+    if "\x00" in rel:
+        raise KilnPathError("the path contains a NUL byte", fix="give a plain kiln-relative path")
+    text = rel.strip().replace("\\", "/")
+    if text.startswith("~"):
+        raise KilnPathError(
+            f"{_show(rel)}: '~' is not allowed in kiln paths",
+            fix="give the path relative to the kiln, e.g. 'folder/note.md'", rel=rel,
+        )
+    if text.startswith("/") or _DRIVE.match(text):
+        hint = "give the path relative to the kiln, e.g. 'folder/note.md'"
+        try:
+            inside = Path(rel).resolve()
+            if _inside(root, inside) and inside != root:
+                hint = f"use {inside.relative_to(root).as_posix()!r}"
+        except (OSError, ValueError):
+            pass
+        # The absolute path itself is not echoed: it may name the person's home folder.
+        raise KilnPathError("absolute paths are not allowed; paths are relative to the kiln",
+                            fix=hint, rel=rel)
+    parts = tuple(p for p in PurePosixPath(text).parts if p not in ("", "."))
+    if ".." in parts:
+        raise KilnPathError(f"{_show(rel)}: '..' is not allowed in kiln paths",
+                            fix="give the path from the kiln root, without '..'", rel=rel)
+    if _is_reserved(parts):
+        raise KilnPathError(f"{_show(rel)}: {RESERVED_DIR}/ is reserved for Crucible's own data",
+                            fix="choose a path outside .crucible/", rel=rel)
+    clean = "/".join(parts)
+    if for_write and not clean.lower().endswith(".md"):
+        raise KilnPathError(f"{_show(rel)}: only markdown notes (.md) can be written",
+                            fix="use a path ending in .md", rel=rel)
+    candidate = root.joinpath(*parts)
+    try:
+        resolved = candidate.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise KilnPathError(f"{_show(rel)}: cannot be resolved ({type(e).__name__})",
+                            fix="fix or remove the symbolic link", rel=rel) from e
+    if not _inside(root, resolved):
+        raise KilnPathError(f"{_show(rel)}: leads outside the kiln through a symbolic link",
+                            fix="only notes inside the kiln can be used", rel=rel)
+    if _is_reserved(resolved.relative_to(root).parts):
+        raise KilnPathError(f"{_show(rel)}: leads into {RESERVED_DIR}/, which is reserved",
+                            fix="choose a path outside .crucible/", rel=rel)
+    if for_write and not resolved.name.lower().endswith(".md"):
+        raise KilnPathError(f"{_show(rel)}: links to a file that is not a .md note",
+                            fix="write to a .md note", rel=rel)
+    if for_write and resolved.is_dir():
+        raise KilnPathError(f"{_show(rel)}: is a folder, not a note", rel=rel)
+    if must_exist and not resolved.exists():
+        raise KilnNotFoundError(f"{_show(rel)}: no such file in the kiln",
+                                fix="list the notes to find the right path", rel=rel)
+    return resolved
+
+
+def to_rel(root: Path, path: Path) -> str:
+    """The kiln-relative posix path of `path` (which must be inside the kiln)."""
+    root_r = root.resolve()
+    for base, p in ((root, path), (root_r, path), (root_r, path.resolve())):
+        try:
+            rel = p.relative_to(base)
+        except ValueError:
+            continue
+        return rel.as_posix() if rel.parts else ""
+    raise KilnPathError("the path is outside the kiln")
+
+
+def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
+    """Yield kiln-relative paths under `start` (unsorted). Symlinked folders are not followed
+    (no loops, no duplicates); a symlinked file counts only if it resolves inside the kiln."""
+    stack = [start]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # unreadable folder: skipped, like an ignored one
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or name in SKIP_DIRS:
+                continue  # dot-files too: atomic-write temp files start with "."
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                    continue
+                if want_md and not name.lower().endswith(".md"):
+                    continue
+                if entry.is_symlink():
+                    target = Path(entry.path).resolve()
+                    if not _inside(root, target) or not target.is_file():
+                        continue
+                    if _is_reserved(target.relative_to(root).parts):
+                        continue
+                elif not entry.is_file(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            yield Path(entry.path).relative_to(root).as_posix()
+
+
+def iter_markdown(root: Path, folder: str = "") -> Iterator[str]:
+    """Sorted kiln-relative paths of the `.md` notes under `folder` (default: the whole kiln)."""
+    root = root.resolve()
+    rel = normalize_folder(folder)
+    start = resolve_in_kiln(root, rel, must_exist=True) if rel else root
+    if not start.is_dir():
+        raise KilnPathError(f"{_show(rel)}: is not a folder", rel=rel)
+    if start != root and start.relative_to(root).as_posix() != "/".join(PurePosixPath(rel).parts):
+        # a folder reached through a symlink: list it under the path the caller gave
+        for sub in sorted(_walk(start, start, want_md=True)):
+            yield f"{rel}/{sub}"
+        return
+    yield from sorted(_walk(root, start, want_md=True))
+
+
+def iter_files(root: Path) -> Iterator[str]:
+    """Sorted kiln-relative paths of every file (for kiln stats), with the same skipping."""
+    root = root.resolve()
+    yield from sorted(_walk(root, root, want_md=False))
