@@ -1,0 +1,52 @@
+import json
+import subprocess
+from pathlib import Path
+
+from crucible.session_store import SessionMeta, SessionStore
+
+
+def make(store: SessionStore, sid: str = "20261202-120000-abcdef") -> None:
+    w = store.create(SessionMeta(id=sid, agent="claude", created=0, updated=0, cwd="/proj", title="notes on X"))
+    w.append({"type": "user_message", "text": "what do my notes say?"})
+    for piece in ("The notes ", "say ", "hello."):
+        w.append({"type": "agent_message", "text": piece})
+    w.append({"type": "tool_call", "title": "semantic_search", "kind": "search", "status": "completed"})
+    w.append({"type": "turn_end", "stop_reason": "end_turn"})
+    w.close()
+
+
+def test_chunks_are_coalesced_and_transcript_is_markdown(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    make(store)
+    events = list(store.events("20261202-120000-abcdef"))
+    assert [e["type"] for e in events] == ["user_message", "agent_message", "tool_call", "turn_end"]
+    assert events[1]["text"] == "The notes say hello."
+    md = store.transcript("abcdef")  # a unique part of the id is enough
+    assert "## You\n\nwhat do my notes say?" in md
+    assert "## Agent\n\nThe notes say hello." in md
+    assert "- tool `semantic_search` (search): completed" in md
+    assert store.meta("20261202-120000-abcdef").turns == 1
+    assert "User: what do my notes say?" in store.history_as_context("20261202-120000-abcdef")
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    make(store)
+    with open(tmp_path / "20261202-120000-abcdef" / "events.jsonl", "a") as fh:
+        fh.write('{"type": "agent_mess')
+    assert len(list(store.events("20261202-120000-abcdef"))) == 4
+
+
+def test_cru_session_commands(cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    store = SessionStore(Path(clean_env["XDG_DATA_HOME"]) / "crucible" / "sessions")
+    make(store)
+    out = subprocess.run([cru_bin, "session", "list"], env=clean_env, capture_output=True, text=True, check=True)
+    assert "20261202-120000-abcdef" in out.stdout and "notes on X" in out.stdout
+    out = subprocess.run([cru_bin, "session", "show", "abcdef"], env=clean_env, capture_output=True, text=True,
+                         check=True)
+    assert "The notes say hello." in out.stdout
+    out = subprocess.run([cru_bin, "session", "export", "abcdef"], env=clean_env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout)["session"]["agent"] == "claude"
+    res = subprocess.run([cru_bin, "session", "show", "nope"], env=clean_env, capture_output=True, text=True)
+    assert res.returncode == 1 and "no saved session 'nope'" in res.stderr and "cru session list" in res.stderr
