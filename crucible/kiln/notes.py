@@ -243,7 +243,7 @@ def _blank_code(line: str) -> str:
     return _INLINE_CODE.sub(lambda m: " " * len(m.group(0)), line)
 
 
-def _code_lines(lines: Sequence[str]) -> list[bool]:
+def code_block_lines(lines: Sequence[str]) -> list[bool]:
     """For each line, whether it is inside a fenced code block (fence lines included)."""
     out: list[bool] = []
     fence: str | None = None
@@ -338,7 +338,7 @@ def parse_note(text: str, path: str) -> Note:
             problems.append(e.message)
 
     lines = body.split("\n")
-    in_code = _code_lines(lines)
+    in_code = code_block_lines(lines)
     headings: list[Heading] = []
     links: list[WikiLink] = []
     inline_tags: list[str] = []

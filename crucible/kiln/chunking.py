@@ -1,0 +1,146 @@
+"""Split a note into chunks by heading sections, with a size cap, for embedding and search.
+
+Each chunk's text starts with "Title > H1 > H2" so an embedding knows where the text sits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crucible.kiln.atomic import content_hash
+from crucible.kiln.notes import Note, code_block_lines
+
+
+@dataclass(frozen=True)
+class Chunk:
+    note_path: str
+    ordinal: int
+    heading_path: tuple[str, ...]
+    text: str
+    start_line: int  # 0-based line in the full note text where the chunk's content starts
+    content_hash: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.note_path}#{self.ordinal}"
+
+
+@dataclass
+class _Section:
+    path: tuple[str, ...]
+    lines: list[str]
+    first_line: int  # full-text line of lines[0]
+
+
+def _sections(note: Note) -> list[_Section]:
+    lines = note.body.split("\n")
+    base = note.body_start_line
+    by_line = {h.line - base: h for h in note.headings}
+    sections = [_Section((), [], base)]
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        h = by_line.get(i)
+        if h is None:
+            sections[-1].lines.append(line.rstrip("\r"))
+            continue
+        while stack and stack[-1][0] >= h.level:
+            stack.pop()
+        stack.append((h.level, h.text))
+        # The heading line itself is not repeated in the content: it is in the chunk's prefix.
+        sections.append(_Section(tuple(t for _, t in stack), [], base + i + 1))
+    return sections
+
+
+def _paragraphs(lines: list[str], first_line: int) -> list[tuple[int, list[str]]]:
+    """Blocks separated by blank lines (a blank line inside a code fence does not split)."""
+    in_code = code_block_lines(lines)
+    out: list[tuple[int, list[str]]] = []
+    current: list[str] = []
+    start = first_line
+    for i, (line, code) in enumerate(zip(lines, in_code, strict=True)):
+        if not line.strip() and not code:
+            if current:
+                out.append((start, current))
+                current = []
+            continue
+        if not current:
+            start = first_line + i
+        current.append(line)
+    if current:
+        out.append((start, current))
+    return out
+
+
+def _hard_split(start: int, lines: list[str], max_chars: int) -> list[tuple[int, str]]:
+    """Split one oversized paragraph at line ends, and overlong lines at spaces (else anywhere)."""
+    pieces: list[tuple[int, str]] = []
+    buf: list[str] = []
+    buf_start = start
+    size = 0
+    for offset, line in enumerate(lines):
+        while len(line) > max_chars:
+            if buf:
+                pieces.append((buf_start, "\n".join(buf)))
+                buf, size = [], 0
+            cut = line.rfind(" ", 0, max_chars + 1)
+            if cut <= 0:
+                cut = max_chars
+            pieces.append((start + offset, line[:cut].rstrip()))
+            line = line[cut:].lstrip()
+        if buf and size + 1 + len(line) > max_chars:
+            pieces.append((buf_start, "\n".join(buf)))
+            buf, size = [], 0
+        if not buf:
+            buf_start = start + offset
+            size = len(line)
+        else:
+            size += 1 + len(line)
+        buf.append(line)
+    if buf:
+        pieces.append((buf_start, "\n".join(buf)))
+    return [p for p in pieces if p[1].strip()]
+
+
+def _pack(section: _Section, max_chars: int) -> list[tuple[int, str]]:
+    """The section's content in pieces of at most max_chars, cut at paragraph boundaries."""
+    pieces: list[tuple[int, str]] = []
+    buf: list[str] = []
+    buf_start = section.first_line
+    size = 0
+    for start, para_lines in _paragraphs(section.lines, section.first_line):
+        para = "\n".join(para_lines)
+        if len(para) > max_chars:
+            if buf:
+                pieces.append((buf_start, "\n\n".join(buf)))
+                buf, size = [], 0
+            pieces.extend(_hard_split(start, para_lines, max_chars))
+            continue
+        if buf and size + 2 + len(para) > max_chars:
+            pieces.append((buf_start, "\n\n".join(buf)))
+            buf, size = [], 0
+        if not buf:
+            buf_start, size = start, len(para)
+        else:
+            size += 2 + len(para)
+        buf.append(para)
+    if buf:
+        pieces.append((buf_start, "\n\n".join(buf)))
+    return pieces
+
+
+def chunk_note(note: Note, max_chars: int = 1500) -> list[Chunk]:
+    """Chunks of the note's body by heading section; a long section is cut at paragraphs.
+
+    A note whose body has no text gets one chunk holding its title, so it can still be found.
+    """
+    if max_chars < 1:
+        raise ValueError("max_chars must be positive")
+    chunks: list[Chunk] = []
+    for section in _sections(note):
+        prefix = " > ".join((note.title, *section.path)) + "\n\n"
+        for start, piece in _pack(section, max_chars):
+            text = prefix + piece
+            chunks.append(Chunk(note.path, len(chunks), section.path, text, start, content_hash(text)))
+    if not chunks:
+        chunks.append(Chunk(note.path, 0, (), note.title, note.body_start_line, content_hash(note.title)))
+    return chunks
