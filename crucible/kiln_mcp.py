@@ -1,0 +1,421 @@
+"""`cru mcp`: the kiln tools over MCP, and the `KilnBackend` that implements them with
+`crucible.kiln`.
+
+Startup stays light so `initialize` and `tools/list` answer at once: the note parser, the
+index (Chroma, the embedder) and the search modules are imported on first use only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from crucible.errors import CrucibleError
+from crucible.kiln.paths import KilnNotFoundError, iter_files, iter_markdown, resolve_in_kiln
+from mcp_bridge.kiln_api import (
+    ChangeFn,
+    EditConflictError,
+    KilnError,
+    KilnInfo,
+    KilnRoot,
+    KilnStats,
+    NoteData,
+    NoteEntry,
+    NoteNotFoundError,
+    ProgressFn,
+    SearchHit,
+    WriteOutcome,
+)
+
+if TYPE_CHECKING:
+    from crucible.config import Config
+
+T = TypeVar("T")
+
+TOKEN_ENV = "CRUCIBLE_MCP_TOKEN"
+INSTRUCTIONS = (
+    "Tools for the person's notes (the kiln): search them (semantic_search, text_search, "
+    "property_search), read them (read_note, read_metadata, list_notes) and change them "
+    "(create_note, update_note, delete_note). Paths are relative to the kiln and end in .md."
+)
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _message(exc: CrucibleError) -> str:
+    return f"{exc.message}. {exc.fix[0].upper()}{exc.fix[1:]}." if exc.fix else exc.message
+
+
+def _not_found(path: str) -> NoteNotFoundError:
+    return NoteNotFoundError(
+        f"Note not found: '{path}' (it may have been moved or deleted; "
+        "search or list the notes again for its current path)"
+    )
+
+
+class CrucibleKilnBackend:
+    """`mcp_bridge.kiln_api.KilnBackend` over a kiln folder on disk."""
+
+    def __init__(self, root: Path, config: Config | None = None) -> None:
+        self.root = root.resolve()
+        self.config = config
+        self._index: Any = None
+        self._index_lock = threading.Lock()
+        self._secrets = sorted({str(root), str(self.root), str(Path.home())}, key=len, reverse=True)
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text and secret not in ("", "/"):
+                text = text.replace(secret, "<kiln>" if secret != str(Path.home()) else "~")
+        return text
+
+    def _call(self, path: str, func: Callable[[], T]) -> T:
+        """Run `func`, turning crucible's errors into the protocol's (kiln-relative) ones."""
+        from crucible.kiln.atomic import ConcurrentEditError
+
+        try:
+            return func()
+        except (KilnNotFoundError, FileNotFoundError):
+            raise _not_found(path) from None
+        except ConcurrentEditError as exc:
+            raise EditConflictError(
+                f"'{path}' changed since you read it; nothing was written. "
+                "Read it again and apply your change to its current content"
+            ) from exc
+        except CrucibleError as exc:
+            raise KilnError(self.redact(_message(exc))) from None
+        except IsADirectoryError:
+            raise KilnError(f"'{path}' is a folder, not a note") from None
+        except PermissionError:
+            raise KilnError(f"'{path}': permission denied") from None
+
+    # --- notes ----------------------------------------------------------------------------
+
+    def _note_data(self, path: str) -> NoteData:
+        from crucible.kiln.notes import read_note
+
+        note = read_note(self.root, path)
+        st = resolve_in_kiln(self.root, path, must_exist=True).stat()
+        return NoteData(
+            path=note.path,
+            text=note.text,
+            frontmatter=note.frontmatter,
+            title=note.title,
+            tags=note.tags,
+            links=[link.target for link in note.links],
+            headings=[h.text for h in note.headings],
+            content_hash=note.content_hash,
+            size_bytes=st.st_size,
+            modified=_iso(st.st_mtime),
+            problems=note.problems,
+        )
+
+    def read_note(self, path: str) -> NoteData:
+        return self._call(path, lambda: self._note_data(path))
+
+    def _written(self, target: Path, digest: str | None, *, replaced: bool = False) -> WriteOutcome:
+        from crucible.kiln.paths import to_rel
+
+        size = target.stat().st_size if target.exists() else 0
+        return WriteOutcome(path=to_rel(self.root, target), content_hash=digest, size_bytes=size, replaced=replaced)
+
+    def create_note(
+        self, path: str, body: str, frontmatter: dict[str, Any] | None, *, overwrite: bool
+    ) -> WriteOutcome:
+        def create() -> WriteOutcome:
+            from crucible.kiln.atomic import atomic_write_text
+            from crucible.kiln.notes import merge_frontmatter
+
+            target = resolve_in_kiln(self.root, path, for_write=True)
+            existed = target.exists()
+            if existed and not overwrite:
+                raise KilnError(
+                    f"'{path}' already exists; use update_note to change it, "
+                    "or create_note with overwrite=true to replace it"
+                )
+            text = merge_frontmatter(body, frontmatter) if frontmatter else body
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return self._written(target, atomic_write_text(target, text), replaced=existed)
+
+        return self._call(path, create)
+
+    def update_note(
+        self,
+        path: str,
+        *,
+        frontmatter: dict[str, Any] | None,
+        remove_keys: list[str],
+        body: str | None,
+        expected_hash: str | None,
+    ) -> WriteOutcome:
+        def update() -> WriteOutcome:
+            from crucible.kiln.atomic import atomic_write_text
+            from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
+
+            target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
+            note = read_note(self.root, path)
+            if expected_hash is not None and expected_hash != note.content_hash:
+                raise EditConflictError(
+                    f"'{path}' changed since you read it (its content_hash is now "
+                    f"{note.content_hash}); nothing was written. Read it again and retry"
+                )
+            text = note.text
+            if frontmatter or remove_keys:
+                text = merge_frontmatter(text, frontmatter or {}, remove_keys)
+            if body is not None:
+                text = replace_body(text, body)
+            # Guard with the hash of what we read, so an edit that lands meanwhile is never lost.
+            return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash))
+
+        return self._call(path, update)
+
+    def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome:
+        def delete() -> WriteOutcome:
+            from crucible.kiln.atomic import file_hash
+            from crucible.kiln.paths import to_rel
+
+            target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
+            if expected_hash is not None and file_hash(target) != expected_hash:
+                raise EditConflictError(
+                    f"'{path}' changed since you read it; it was not deleted. Read it again first"
+                )
+            size = target.stat().st_size
+            rel = to_rel(self.root, target)
+            target.unlink()
+            return WriteOutcome(path=rel, content_hash=None, size_bytes=size)
+
+        return self._call(path, delete)
+
+    def list_notes(self, folder: str) -> list[NoteEntry]:
+        def listing() -> list[NoteEntry]:
+            entries = []
+            for rel in iter_markdown(self.root, folder):
+                try:
+                    st = (self.root / rel).stat()
+                except OSError:
+                    continue  # deleted while listing
+                entries.append(NoteEntry(path=rel, size_bytes=st.st_size, modified=_iso(st.st_mtime)))
+            return entries
+
+        try:
+            return self._call(folder, listing)
+        except NoteNotFoundError:
+            raise KilnError(f"No folder '{folder}' in the kiln; list_notes without a folder shows them all") from None
+
+    # --- search ---------------------------------------------------------------------------
+
+    def index_ready(self) -> bool:
+        return self._index is not None
+
+    def open_index(self, progress: ProgressFn) -> None:
+        with self._index_lock:
+            if self._index is not None:
+                return
+            from crucible.config import Config
+            from crucible.kiln.index import KilnIndex
+
+            index = KilnIndex.open(self.root, self.config or Config())
+            index.update(progress=_progress_adapter(progress))
+            self._index = index
+
+    def _hits(self, results: list[Any]) -> list[SearchHit]:
+        return [
+            SearchHit(
+                path=r.path,
+                title=r.title,
+                score=float(r.score),
+                heading=r.heading or None,
+                snippet=self.redact(r.snippet or ""),
+            )
+            for r in results
+        ]
+
+    def semantic_search(self, query: str, limit: int) -> list[SearchHit]:
+        from crucible.kiln import search
+
+        # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
+        return self._hits(search.hybrid_search(self._index, query, limit))
+
+    def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
+        from crucible.kiln import search
+
+        return self._call(
+            query, lambda: self._hits(search.text_search(self.root, query, limit, regex, case_sensitive))
+        )
+
+    def property_search(
+        self, query: str | None, *, key: str | None, value: str | None, tag: str | None, limit: int
+    ) -> list[SearchHit]:
+        from crucible.kiln import search
+
+        return self._call(
+            query or "",
+            lambda: self._hits(
+                search.property_search(self.root, query, key=key, value=value, tag=tag, limit=limit)
+            ),
+        )
+
+    # --- the kiln -------------------------------------------------------------------------
+
+    def _sizes(self) -> tuple[int, int, int, int]:
+        files = md = total = md_total = 0
+        for rel in iter_files(self.root):
+            try:
+                size = (self.root / rel).stat().st_size
+            except OSError:
+                continue
+            files += 1
+            total += size
+            if rel.lower().endswith(".md"):
+                md += 1
+                md_total += size
+        return files, md, total, md_total
+
+    def kiln_info(self) -> KilnInfo:
+        files, md, total, _ = self._sizes()
+        return KilnInfo(name=self.name, total_files=files, markdown_files=md, total_size_bytes=total)
+
+    def kiln_roots(self) -> list[KilnRoot]:
+        return [KilnRoot(uri="kiln://notes/", name=self.name)]
+
+    def kiln_stats(self) -> KilnStats:
+        from crucible.kiln.notes import read_note
+
+        files, md, total, md_total = self._sizes()
+        tags: set[str] = set()
+        links = 0
+        newest: float | None = None
+        folders: set[str] = set()
+        for rel in iter_markdown(self.root):
+            if "/" in rel:
+                parts = rel.split("/")[:-1]
+                folders.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+            try:
+                note = read_note(self.root, rel)
+                mtime = (self.root / rel).stat().st_mtime
+            except (CrucibleError, OSError):
+                continue
+            tags.update(note.tags)
+            links += len(note.links)
+            newest = mtime if newest is None else max(newest, mtime)
+        return KilnStats(
+            name=self.name,
+            markdown_files=md,
+            other_files=files - md,
+            folders=len(folders),
+            total_size_bytes=total,
+            markdown_size_bytes=md_total,
+            tags=len(tags),
+            links=links,
+            last_modified=_iso(newest) if newest is not None else None,
+            index=self._index_state(),
+        )
+
+    def _index_state(self) -> dict[str, Any]:
+        index = self._index
+        if index is None:
+            return {"opened": False}
+        try:
+            status = index.status()
+        except CrucibleError as exc:
+            return {"opened": True, "error": self.redact(_message(exc))}
+        return {"opened": True, "notes": status.notes, "chunks": status.chunks, "stale": status.stale}
+
+    # --- changes --------------------------------------------------------------------------
+
+    async def watch_changes(self, on_change: ChangeFn) -> None:
+        import anyio.to_thread
+        from watchfiles import awatch
+
+        from crucible.kiln.paths import to_rel
+
+        def is_note(_change: Any, path: str) -> bool:
+            if not path.lower().endswith(".md"):
+                return False
+            try:
+                rel = to_rel(self.root, Path(path))
+            except CrucibleError:
+                return False
+            return not any(part.startswith(".") for part in rel.split("/"))
+
+        async for changes in awatch(self.root, watch_filter=is_note, debounce=200, step=50):
+            paths = sorted({to_rel(self.root, Path(p)) for _, p in changes})
+            index = self._index
+            if index is not None:
+                await anyio.to_thread.run_sync(index.update_paths, paths)
+            await on_change(paths)
+
+
+def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
+    """The index's `IndexProgress` as the protocol's (done, total, message)."""
+
+    def report(p: Any) -> None:
+        if getattr(p, "phase", "") == "embed":
+            progress(p.chunks_done, p.chunks_total, f"Embedding chunks {p.chunks_done}/{p.chunks_total}")
+        else:
+            progress(p.notes_done, p.notes_total, f"Reading notes {p.notes_done}/{p.notes_total}")
+
+    return report
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def build_bridge(root: Path, config: Config | None = None) -> Any:
+    from mcp_bridge.server import BridgeServer
+
+    return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """`cru mcp [--kiln DIR] [--http | --sse] [--port N]`."""
+    import trio
+
+    from crucible.config import load_config, resolve_kiln
+    from mcp_bridge.tools import log_to_stderr
+
+    log_to_stderr()
+    if getattr(args, "connect", None):
+        from mcp_bridge.server import relay_stdio
+
+        token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
+        trio.run(relay_stdio, args.connect, token)
+        return 0
+    config = load_config(getattr(args, "config", None))
+    root = resolve_kiln(args.kiln, config)
+    bridge = build_bridge(root, config)
+    if args.http or args.sse:
+        trio.run(_serve_http, bridge, args.port, "sse" if args.sse else "http")
+    else:
+        trio.run(bridge.serve_stdio)
+    return 0
+
+
+async def _serve_http(bridge: Any, port: int, transport: str) -> None:
+    import trio
+
+    from mcp_bridge.server import BridgeHTTP, new_token, serving_http
+
+    token = os.environ.get(TOKEN_ENV) or new_token()
+    async with BridgeHTTP() as app:
+        await app.mount(bridge, token=token)
+        async with serving_http(app, port=port) as actual:
+            path = "/sse" if transport == "sse" else "/mcp"
+            kind = "HTTP+SSE" if transport == "sse" else "streamable HTTP"
+            print(f"cru mcp: serving the kiln '{bridge.backend.name}' over {kind} at "
+                  f"http://127.0.0.1:{actual}{path}", file=sys.stderr)
+            print(f"cru mcp: token: {token}  (send `Authorization: Bearer <token>`; "
+                  f"set ${TOKEN_ENV} to choose it)", file=sys.stderr, flush=True)
+            await trio.sleep_forever()

@@ -1,0 +1,179 @@
+"""What the kiln tools need from a kiln: the `KilnBackend` protocol and its result models.
+
+`mcp_bridge` never imports `crucible`; `crucible.kiln_mcp` implements this protocol on top
+of `crucible.kiln`. Every method except `watch_changes` is synchronous and may block (disk,
+Chroma, the embedder): the tools always call them through `anyio.to_thread.run_sync`.
+
+Every path crossing this boundary is kiln-relative with `/` separators, and every error
+message a backend raises (`KilnError`) must already be safe to show to an agent: no
+absolute path of the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class KilnError(Exception):
+    """A refusal or failure whose message is safe to show to an agent as is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NoteNotFoundError(KilnError):
+    """The note does not exist (or was deleted since it was listed or found)."""
+
+
+class EditConflictError(KilnError):
+    """The note changed since the caller read it (its hash no longer matches)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoteData(_Model):
+    """A note as read from disk."""
+
+    path: str
+    text: str = Field(description="the whole file, frontmatter included")
+    frontmatter: dict[str, Any]
+    title: str
+    tags: list[str]
+    links: list[str]
+    headings: list[str]
+    content_hash: str
+    size_bytes: int
+    modified: str = Field(description="last modification time, ISO 8601 UTC")
+    problems: list[str] = Field(default_factory=list, description="e.g. frontmatter that did not parse")
+
+
+class WriteOutcome(_Model):
+    path: str
+    content_hash: str | None = Field(description="the new hash; null after a delete")
+    size_bytes: int
+    replaced: bool = Field(default=False, description="an existing note was overwritten")
+
+
+class NoteEntry(_Model):
+    path: str
+    size_bytes: int
+    modified: str
+
+
+class SearchHit(_Model):
+    """One note in a search result (the command-line contract's shape)."""
+
+    path: str
+    title: str
+    score: float
+    heading: str | None = None
+    snippet: str
+
+
+class KilnInfo(_Model):
+    name: str
+    total_files: int
+    markdown_files: int
+    total_size_bytes: int
+
+
+class KilnRoot(_Model):
+    uri: str
+    name: str
+
+
+class KilnStats(_Model):
+    name: str
+    markdown_files: int
+    other_files: int
+    folders: int
+    total_size_bytes: int
+    markdown_size_bytes: int
+    tags: int = Field(description="distinct tags across all notes")
+    links: int = Field(description="wikilinks across all notes")
+    last_modified: str | None = Field(description="newest note's modification time, ISO 8601 UTC")
+    index: dict[str, Any] = Field(description="the search index's state; opened only by a search")
+
+
+ProgressFn = Callable[[float, float | None, str], None]
+"""`(done, total, message)`: called from the worker thread while an index opens or updates."""
+
+ChangeFn = Callable[[list[str]], Awaitable[None]]
+"""Called on the event loop with the kiln-relative paths of notes that changed."""
+
+
+@runtime_checkable
+class KilnBackend(Protocol):
+    """A kiln, as the tools see it. Blocking methods; see the module docstring."""
+
+    @property
+    def name(self) -> str: ...
+
+    def redact(self, text: str) -> str:
+        """Remove any absolute path of the machine from a message (the last safety net)."""
+        ...
+
+    def read_note(self, path: str) -> NoteData: ...
+
+    def create_note(
+        self, path: str, body: str, frontmatter: dict[str, Any] | None, *, overwrite: bool
+    ) -> WriteOutcome: ...
+
+    def update_note(
+        self,
+        path: str,
+        *,
+        frontmatter: dict[str, Any] | None,
+        remove_keys: list[str],
+        body: str | None,
+        expected_hash: str | None,
+    ) -> WriteOutcome: ...
+
+    def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome: ...
+
+    def list_notes(self, folder: str) -> list[NoteEntry]:
+        """Markdown notes under `folder` ("" = the kiln root), recursively, sorted by path."""
+        ...
+
+    def index_ready(self) -> bool:
+        """True once `open_index` has run: searches then answer without loading anything."""
+        ...
+
+    def open_index(self, progress: ProgressFn) -> None:
+        """Open (and bring up to date) the search index; the first search calls it."""
+        ...
+
+    def semantic_search(self, query: str, limit: int) -> list[SearchHit]: ...
+
+    def text_search(
+        self, query: str, limit: int, *, regex: bool, case_sensitive: bool
+    ) -> list[SearchHit]: ...
+
+    def property_search(
+        self,
+        query: str | None,
+        *,
+        key: str | None,
+        value: str | None,
+        tag: str | None,
+        limit: int,
+    ) -> list[SearchHit]: ...
+
+    def kiln_info(self) -> KilnInfo: ...
+
+    def kiln_roots(self) -> list[KilnRoot]: ...
+
+    def kiln_stats(self) -> KilnStats: ...
+
+    async def watch_changes(self, on_change: ChangeFn) -> None:
+        """Run until cancelled, calling `on_change` with the notes that changed on disk."""
+        ...

@@ -1,0 +1,556 @@
+"""Serving the kiln tools: one `BridgeServer` per kiln or per session, over stdio, streamable
+HTTP or HTTP+SSE.
+
+A `BridgeServer` holds its own state (backend, tools, policy, observer, prompts); nothing is
+global, so a host can run one per session. `BridgeHTTP` is a single ASGI app serving many
+bridges, each mounted under a path with its own bearer token, on 127.0.0.1 only, with the
+Host and Origin headers checked against loopback names.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+from urllib.parse import quote, unquote, urlsplit
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import ResourcesListChanged, ResourceUpdated
+from mcp_types.jsonrpc import INVALID_PARAMS
+
+from mcp_bridge.kiln_api import KilnBackend, KilnError, NoteNotFoundError
+from mcp_bridge.tools import (
+    DEFAULT_TOOL_TIMEOUT,
+    KILN_TOOLS,
+    ToolContext,
+    ToolSpec,
+    error_result,
+    invoke,
+    paginate,
+)
+
+logger = logging.getLogger("mcp_bridge.server")
+
+NOTE_URI_PREFIX = "kiln://notes/"
+RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for resources/read of an unknown URI
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+Decision = Literal["allow", "ask", "deny"]
+Policy = Callable[[str], Decision]
+Approver = Callable[[str, dict[str, Any]], "anyio.abc.ObjectReceiveStream[bool] | Any"]
+
+
+def note_uri(path: str) -> str:
+    return NOTE_URI_PREFIX + quote(path, safe="/")
+
+
+def uri_to_path(uri: str) -> str:
+    if not uri.startswith(NOTE_URI_PREFIX):
+        raise MCPError(INVALID_PARAMS, f"Unknown resource {uri!r}: notes are {NOTE_URI_PREFIX}<path>")
+    return unquote(uri[len(NOTE_URI_PREFIX) :])
+
+
+@dataclass
+class ToolEvent:
+    """What an observer hears: every tools/list, and every tools/call once it is answered."""
+
+    kind: Literal["list", "call"]
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+    decision: Decision | None = None
+    result: types.CallToolResult | None = None
+    seconds: float = 0.0
+    tools: list[str] = field(default_factory=list)
+
+
+Observer = Callable[[ToolEvent], None]
+
+
+class PromptProvider(Protocol):
+    """Agent cards as MCP prompts (the cards issue plugs in here)."""
+
+    def list_prompts(self) -> list[types.Prompt]: ...
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult: ...
+
+
+class AskFn(Protocol):
+    async def __call__(self, tool: str, arguments: dict[str, Any]) -> bool: ...
+
+
+class BridgeServer:
+    """The kiln tools (plus any extra tools) for one kiln or one session."""
+
+    def __init__(
+        self,
+        backend: KilnBackend | None,
+        *,
+        name: str = "crucible",
+        version: str = "0.1.0",
+        instructions: str | None = None,
+        tools: Iterable[ToolSpec] = KILN_TOOLS,
+        policy: Policy | None = None,
+        ask: AskFn | None = None,
+        observer: Observer | None = None,
+        prompts: PromptProvider | None = None,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.ask = ask
+        self.observer = observer
+        self.prompts = prompts
+        self.tool_timeout = tool_timeout
+        self.extra = extra if extra is not None else {}
+        self._tools: dict[str, ToolSpec] = {}
+        for spec in tools:
+            self.add_tool(spec)
+        # Legacy-era `resources/subscribe`: uri -> sessions; 2026-era `subscriptions/listen`: the bus.
+        self._subscribers: dict[str, list[ServerSession]] = {}
+        self._bus = InMemorySubscriptionBus()
+        handlers: dict[str, Any] = {
+            "on_list_tools": self._list_tools,
+            "on_call_tool": self._call_tool,
+            "on_subscriptions_listen": ListenHandler(self._bus),
+        }
+        if backend is not None:
+            handlers |= {
+                "on_list_resources": self._list_resources,
+                "on_read_resource": self._read_resource,
+                "on_subscribe_resource": self._subscribe,
+                "on_unsubscribe_resource": self._unsubscribe,
+            }
+        if prompts is not None:
+            handlers |= {"on_list_prompts": self._list_prompts, "on_get_prompt": self._get_prompt}
+        self.server: Server[Any] = Server(name, version=version, instructions=instructions, **handlers)
+
+    # --- tools ------------------------------------------------------------------------
+
+    def add_tool(self, spec: ToolSpec) -> None:
+        self._tools[spec.name] = spec
+
+    def remove_tool(self, name: str) -> None:
+        self._tools.pop(name, None)
+
+    def decision(self, name: str) -> Decision:
+        return self.policy(name) if self.policy is not None else "allow"
+
+    def visible_tools(self) -> list[ToolSpec]:
+        return [s for s in self._tools.values() if self.decision(s.name) != "deny"]
+
+    def _observe(self, event: ToolEvent) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer(event)
+        except Exception:  # an observer's bug must not break the protocol
+            logger.exception("tool observer failed")
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = [s.to_mcp() for s in self.visible_tools()]
+        self._observe(ToolEvent(kind="list", tools=[t.name for t in tools]))
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            await ctx.session.report_progress(done, total, message)
+
+        return await self.call_tool(params.name, params.arguments, report_progress=progress)
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        *,
+        report_progress: Any = None,
+    ) -> types.CallToolResult:
+        """Policy, then the tool under its timeout; usable in-process as well as over MCP."""
+        started = time.monotonic()
+        spec = self._tools.get(name)
+        decision = self.decision(name) if spec is not None else None
+        if spec is None or decision == "deny":
+            names = ", ".join(s.name for s in self.visible_tools())
+            result = error_result(f"Unknown tool '{name}'. Available tools: {names}")
+        elif decision == "ask" and not await self._approved(name, arguments or {}):
+            result = error_result(f"The person did not allow tool '{name}' to run")
+        else:
+            ctx = ToolContext(tool_name=name, backend=self.backend, extra=self.extra)
+            if report_progress is not None:
+                ctx.report_progress = report_progress
+            result = await invoke(spec, ctx, arguments, time_limit=self.tool_timeout)
+        self._observe(
+            ToolEvent(
+                kind="call",
+                tool=name,
+                arguments=arguments,
+                decision=decision,
+                result=result,
+                seconds=time.monotonic() - started,
+            )
+        )
+        return result
+
+    async def _approved(self, name: str, arguments: dict[str, Any]) -> bool:
+        if self.ask is None:
+            return False
+        try:
+            return await self.ask(name, arguments)
+        except Exception:
+            logger.exception("asking about tool %s failed", name)
+            return False
+
+    # --- resources --------------------------------------------------------------------
+
+    def _kiln(self) -> KilnBackend:
+        assert self.backend is not None  # resources are registered only with a backend
+        return self.backend
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        entries = await anyio.to_thread.run_sync(self._kiln().list_notes, "")
+        try:
+            page, nxt = paginate(entries, params.cursor if params else None, 500)
+        except Exception as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
+        resources = [
+            types.Resource(
+                uri=note_uri(e.path),
+                name=e.path,
+                title=e.path.rsplit("/", 1)[-1].removesuffix(".md"),
+                mime_type="text/markdown",
+                size=e.size_bytes,
+            )
+            for e in page
+        ]
+        return types.ListResourcesResult(resources=resources, next_cursor=nxt)
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        kiln = self._kiln()
+        path = uri_to_path(str(params.uri))
+        try:
+            note = await anyio.to_thread.run_sync(kiln.read_note, path)
+        except NoteNotFoundError as exc:
+            raise MCPError(RESOURCE_NOT_FOUND, kiln.redact(str(exc))) from None
+        except KilnError as exc:
+            raise MCPError(INVALID_PARAMS, kiln.redact(str(exc))) from None
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=str(params.uri), mime_type="text/markdown", text=note.text)]
+        )
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        uri_to_path(str(params.uri))
+        sessions = self._subscribers.setdefault(str(params.uri), [])
+        if ctx.session not in sessions:
+            sessions.append(ctx.session)
+        return types.EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        sessions = self._subscribers.get(str(params.uri), [])
+        if ctx.session in sessions:
+            sessions.remove(ctx.session)
+        return types.EmptyResult()
+
+    async def notes_changed(self, paths: list[str]) -> None:
+        """Tell subscribers (both protocol eras) that these notes changed on disk."""
+        for path in paths:
+            uri = note_uri(path)
+            await self._bus.publish(ResourceUpdated(uri=uri))
+            for session in list(self._subscribers.get(uri, [])):
+                try:
+                    await session.send_resource_updated(uri)
+                except Exception:  # the client went away: forget it
+                    self._subscribers[uri].remove(session)
+        await self._bus.publish(ResourcesListChanged())
+
+    async def run_watcher(self) -> None:
+        """Forward the backend's change events to subscribers until cancelled."""
+        if self.backend is not None:
+            await self.backend.watch_changes(self.notes_changed)
+
+    # --- prompts ----------------------------------------------------------------------
+
+    async def _list_prompts(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        assert self.prompts is not None
+        return types.ListPromptsResult(prompts=self.prompts.list_prompts())
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        assert self.prompts is not None
+        return await self.prompts.get_prompt(params.name, params.arguments)
+
+    # --- serving ----------------------------------------------------------------------
+
+    def initialization_options(self) -> Any:
+        return self.server.create_initialization_options(
+            NotificationOptions(resources_changed=self.backend is not None)
+        )
+
+    async def serve_stdio(self) -> None:
+        """Serve one client on this process's stdin/stdout until it closes."""
+        from mcp.server.stdio import stdio_server
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.run_watcher)
+            async with stdio_server() as (read_stream, write_stream):
+                await self.server.run(read_stream, write_stream, self.initialization_options())
+            tg.cancel_scope.cancel()
+
+    async def serve_streams(self, read_stream: Any, write_stream: Any) -> None:
+        """Serve one connection over a stream pair (the SSE transport uses this)."""
+        await self.server.run(read_stream, write_stream, self.initialization_options())
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+Scope = Mapping[str, Any]
+ASGIReceive = Callable[[], Any]
+ASGISend = Callable[[dict[str, Any]], Any]
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _host_name(host: str) -> str:
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_loopback_host(host: str | None) -> bool:
+    return host is not None and _host_name(host.strip().lower()) in LOOPBACK_HOSTS
+
+
+def is_loopback_origin(origin: str | None) -> bool:
+    if origin is None:
+        return True
+    try:
+        parts = urlsplit(origin.strip().lower())
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and (parts.hostname or "") in LOOPBACK_HOSTS
+
+
+async def _plain(send: ASGISend, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = text.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class Mount:
+    """One bridge on the HTTP app: streamable HTTP at `base/mcp`, SSE at `base/sse`."""
+
+    bridge: BridgeServer
+    token: str
+    base: str
+    manager: Any = None
+    sse: Any = None
+    cancel: anyio.CancelScope | None = None
+
+    @property
+    def mcp_path(self) -> str:
+        return self.base + "/mcp"
+
+    @property
+    def sse_path(self) -> str:
+        return self.base + "/sse"
+
+    @property
+    def messages_path(self) -> str:
+        return self.base + "/messages/"
+
+
+class BridgeHTTP:
+    """An ASGI app serving many bridges, keyed by path and bearer token.
+
+    Use as `async with BridgeHTTP() as app: await app.mount(bridge, token=..., base="/s/ID")`,
+    then serve `app` (see `serve_http`). Requests: foreign Host or Origin -> 403; OAuth
+    discovery probes -> 404 at once; no or wrong token -> 401; unknown path -> 404.
+    """
+
+    def __init__(self) -> None:
+        self._mounts: dict[str, Mount] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> BridgeHTTP:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg.__aexit__(*exc)
+
+    @property
+    def mounts(self) -> list[Mount]:
+        return list(self._mounts.values())
+
+    async def mount(self, bridge: BridgeServer, *, token: str, base: str = "") -> Mount:
+        from mcp.server.sse import SseServerTransport
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        if self._tg is None:
+            raise RuntimeError("BridgeHTTP.mount needs `async with BridgeHTTP()`")
+        base = "/" + base.strip("/") if base.strip("/") else ""
+        if base in self._mounts:
+            raise ValueError(f"a bridge is already mounted at {base or '/'}")
+        # Host/Origin are checked once, in `__call__`, for every transport.
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        m = Mount(bridge=bridge, token=token, base=base)
+        m.manager = StreamableHTTPSessionManager(app=bridge.server, security_settings=security)
+        m.sse = SseServerTransport(m.messages_path, security_settings=security)
+        await self._tg.start(self._run_mount, m)
+        self._mounts[base] = m
+        return m
+
+    def unmount(self, base: str) -> None:
+        m = self._mounts.pop("/" + base.strip("/") if base.strip("/") else "", None)
+        if m is not None and m.cancel is not None:
+            m.cancel.cancel()
+
+    async def _run_mount(self, m: Mount, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.CancelScope() as scope:
+            m.cancel = scope
+            async with m.manager.run(), anyio.create_task_group() as tg:
+                tg.start_soon(m.bridge.run_watcher)
+                task_status.started()
+                await anyio.sleep_forever()
+
+    def _route(self, path: str) -> tuple[Mount, str] | None:
+        for m in self._mounts.values():
+            if path in (m.mcp_path, m.mcp_path + "/"):
+                return m, "mcp"
+            if path == m.sse_path:
+                return m, "sse"
+            if path.startswith(m.messages_path) or path == m.messages_path.rstrip("/"):
+                return m, "messages"
+        return None
+
+    async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if not is_loopback_host(_header(scope, b"host")):
+            return await _plain(send, 403, "Forbidden: this server answers only on 127.0.0.1/localhost")
+        if not is_loopback_origin(_header(scope, b"origin")):
+            return await _plain(send, 403, "Forbidden: cross-origin requests are refused")
+        path: str = scope.get("path", "")
+        if path.startswith("/.well-known/") or path.rstrip("/").endswith("/register"):
+            return await _plain(send, 404, "Not found: this server uses a bearer token, not OAuth")
+        routed = self._route(path)
+        if routed is None:
+            return await _plain(send, 404, "Not found: MCP is served at /mcp (streamable HTTP) and /sse")
+        m, kind = routed
+        auth = _header(scope, b"authorization") or ""
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not given or not hmac.compare_digest(given.encode(), m.token.encode()):
+            return await _plain(
+                send,
+                401,
+                "Unauthorized: send the bridge's token as `Authorization: Bearer <token>`",
+                [(b"www-authenticate", b'Bearer realm="crucible"')],
+            )
+        if kind == "mcp":
+            await m.manager.handle_request(scope, receive, send)
+        elif kind == "messages":
+            await m.sse.handle_post_message(scope, receive, send)
+        else:
+            await self._serve_sse(m, scope, receive, send)
+
+    async def _serve_sse(self, m: Mount, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        if scope.get("method") != "GET":
+            return await _plain(send, 405, "Method not allowed: open the SSE stream with GET")
+        try:
+            async with m.sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
+                await m.bridge.serve_streams(read_stream, write_stream)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:  # the client dropped the stream
+            logger.debug("SSE connection ended", exc_info=True)
+
+
+@asynccontextmanager
+async def serving_http(
+    app: BridgeHTTP, *, port: int = 0, host: str = "127.0.0.1"
+) -> AsyncIterator[int]:
+    """Serve `app` with hypercorn's trio worker on loopback; yields the bound port."""
+    import trio
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve
+
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        raise ValueError(f"the bridge listens on loopback only, not {host}")
+    config = HyperConfig()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("mcp_bridge.http")
+    config.graceful_timeout = 1.0
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def trigger() -> None:
+            await shutdown.wait()
+
+        binds: list[str] = await nursery.start(
+            lambda task_status: serve(app, config, shutdown_trigger=trigger, task_status=task_status)  # type: ignore[arg-type]
+        )
+        actual = int(binds[0].rsplit(":", 1)[1])
+        try:
+            yield actual
+        finally:
+            shutdown.set()
+
+
+def print_once(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
