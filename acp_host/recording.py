@@ -1,0 +1,230 @@
+"""Record both directions of an ACP connection as JSONL, and replay a recording as a fake agent.
+
+Format: a header line `{"recording": 1, "agent": "<command>", "started": "<ISO time>"}`, then
+one line per frame: `{"t_ms": <ms since start>, "dir": "in" | "out", "frame": {...}}`, where
+"in" is agent -> client and "out" is client -> agent.
+
+Recording hooks into the JSON-RPC peer's `tap` (called with every frame read or written).
+When recording is off the peer has no tap and pays nothing. When on, the tap only appends
+the frame to a list; `Recorder.run()` writes batches from a worker thread.
+
+Replay (`python -m acp_host.recording replay FILE`) is a stdio agent that plays the agent's
+side: it walks the recording in order, sends each "in" frame, and at each "out" frame waits
+until the client sends the matching one (a request: same method, in order; a response to
+one of the agent's requests: same id; a notification: same method). Responses go out with
+the live request's id. The replay loop itself needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import trio
+
+from acp_host.jsonrpc import Notification, Request, Response
+
+RECORDING_VERSION = 1
+
+
+def frame_of(msg: Any) -> Any:
+    """The wire JSON of a frame as the peer's tap reports it (dict in, dataclass out)."""
+    if isinstance(msg, Request):
+        frame: dict[str, Any] = {"jsonrpc": "2.0", "id": msg.id, "method": msg.method}
+        if msg.params is not None:
+            frame["params"] = msg.params
+        return frame
+    if isinstance(msg, Notification):
+        frame = {"jsonrpc": "2.0", "method": msg.method}
+        if msg.params is not None:
+            frame["params"] = msg.params
+        return frame
+    if isinstance(msg, Response):
+        if msg.error is not None:
+            return {"jsonrpc": "2.0", "id": msg.id, "error": msg.error.to_error()}
+        return {"jsonrpc": "2.0", "id": msg.id, "result": msg.result}
+    return msg
+
+
+class Recorder:
+    """Records a connection to `path`. Pass `recorder.tap` to the peer, run `recorder.run()`
+    in a nursery, and `await recorder.aclose()` at the end (it flushes)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, agent: str) -> None:
+        self.path = Path(path)
+        self.agent = agent
+        self._start = time.monotonic()
+        self._lines: list[str] = []
+        self._wakeup = trio.Event()
+        self._closed = False
+        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed in aclose)
+        header = {
+            "recording": RECORDING_VERSION,
+            "agent": agent,
+            "started": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        }
+        self._file.write(json.dumps(header) + "\n")
+
+    def tap(self, direction: Literal["in", "out"], msg: Any) -> None:
+        t_ms = round((time.monotonic() - self._start) * 1000, 3)
+        record = {"t_ms": t_ms, "dir": direction, "frame": frame_of(msg)}
+        self._lines.append(json.dumps(record, separators=(",", ":"), default=str))
+        self._wakeup.set()
+
+    def _write(self, lines: list[str]) -> None:
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
+
+    async def run(self) -> None:
+        """Write recorded frames as they come, until `aclose()`."""
+        while not self._closed:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            await trio.to_thread.run_sync(self._write, lines)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup.set()
+        with trio.CancelScope(shield=True):
+            await self._flush()
+            await trio.to_thread.run_sync(self._file.close)
+
+
+def load_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, records) of a recording file."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    if not lines:
+        raise ValueError(f"{path}: empty recording")
+    header = json.loads(lines[0])
+    if not isinstance(header, dict) or header.get("recording") != RECORDING_VERSION:
+        raise ValueError(f"{path}: not a recording (version {RECORDING_VERSION} header missing)")
+    return header, [json.loads(line) for line in lines[1:]]
+
+
+# ---------------------------------------------------------------------------------------
+# replay: the agent's side, played back on stdio
+
+
+class _Inbox:
+    """Frames the client sent, waiting to be matched."""
+
+    def __init__(self) -> None:
+        self._frames: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self.eof = False
+
+    def put(self, frame: dict[str, Any] | None) -> None:
+        with self._cond:
+            if frame is None:
+                self.eof = True
+            else:
+                self._frames.append(frame)
+            self._cond.notify_all()
+
+    def take(self, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The first frame matching, waiting for it; None at EOF."""
+        with self._cond:
+            while True:
+                for i, frame in enumerate(self._frames):
+                    if match(frame):
+                        return self._frames.pop(i)
+                if self.eof:
+                    return None
+                self._cond.wait()
+
+
+def replay(path: str, out: Any = None, inp: Any = None) -> int:
+    _, records = load_recording(path)
+    out = out or sys.stdout.buffer
+    inp = inp or sys.stdin.buffer
+    inbox = _Inbox()
+
+    def read() -> None:
+        for line in inp:
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(frame, dict):
+                inbox.put(frame)
+        inbox.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    live_ids: dict[Any, Any] = {}
+
+    def send(frame: dict[str, Any]) -> None:
+        out.write(json.dumps(frame, separators=(",", ":")).encode() + b"\n")
+        out.flush()
+
+    def is_request(method: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda f: f.get("method") == method and "id" in f
+
+    def is_notification(method: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda f: f.get("method") == method and "id" not in f
+
+    def is_response(req_id: Any) -> Callable[[dict[str, Any]], bool]:
+        return lambda f: "method" not in f and f.get("id") == req_id
+
+    for record in records:
+        frame = record.get("frame")
+        if not isinstance(frame, dict):
+            continue
+        method = frame.get("method")
+        if record.get("dir") == "out":
+            if method is not None and "id" in frame:
+                got = inbox.take(is_request(method))
+                if got is None:
+                    return 0
+                live_ids[frame["id"]] = got["id"]
+            elif method is not None:
+                if inbox.take(is_notification(method)) is None:
+                    return 0
+            elif inbox.take(is_response(frame.get("id"))) is None:
+                return 0
+        else:
+            if method is None and "id" in frame:
+                frame = dict(frame, id=live_ids.get(frame["id"], frame["id"]))
+            send(frame)
+    # Played through: answer whatever else comes as unsupported until the client leaves.
+    while True:
+        extra = inbox.take(lambda f: True)
+        if extra is None:
+            return 0
+        if "method" in extra and "id" in extra:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": extra["id"],
+                    "error": {"code": -32601, "message": f"not in the recording: {extra['method']}"},
+                }
+            )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] != "replay":
+        sys.stderr.write("usage: python -m acp_host.recording replay FILE\n")
+        return 2
+    try:
+        return replay(argv[2])
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"cannot replay {argv[2]}: {e}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,784 @@
+"""One ACP session seen from the client: its state, its event stream, its turns.
+
+Event stream
+    `session.events` is a bounded trio memory channel of the frozen event objects below.
+    Updates are pushed in wire order by the connection's read loop, which waits when the
+    channel is full: that is the backpressure that keeps a flood of chunks from piling up
+    in memory, and it means **someone must keep reading `session.events`** while a turn runs
+    (a consumer that stops reading stalls the whole connection, answers included). The
+    channel closes when the session closes.
+
+Updates are read raw first: a known variant is turned into its event (validated with
+`acp.schema` where that is cheap and useful); an unknown or newer variant, or a known one
+that fails validation (Claude's usage update with a null total), becomes a `RawUpdate` with
+the reason. No update ever raises.
+
+Tool calls are tracked by `toolCallId` and merged partially: `tool_call_update` may come
+before its `tool_call`, twice, or bring `rawInput` late; every change yields a
+`ToolCallEvent` with the merged state.
+
+Turns: `prompt()` has no RPC timeout. An inactivity watchdog ends the turn with an error
+when the agent sends nothing for `inactivity_timeout` seconds (time spent waiting for the
+person's permission answer or for our own fs/terminal work does not count). `cancel()`
+sends `session/cancel`, answers every pending permission request `cancelled`, keeps
+accepting updates and waits for the agent's `stopReason: "cancelled"` (at most
+`cancel_timeout` seconds). A permission decision that comes after its turn ended or was
+cancelled is dropped, never sent.
+
+Permissions: each `session/request_permission` goes to the `policy` callback, whose
+`Decision` is mapped onto the options the agent offered, by kind (ids differ per agent).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import trio
+from acp import schema
+from pydantic import BaseModel, ValidationError
+
+from acp_host.jsonrpc import ConnectionClosed, JsonRpcError
+
+if TYPE_CHECKING:
+    from acp_host.services import SessionServices
+
+DEFAULT_INACTIVITY_TIMEOUT = 300.0
+DEFAULT_CANCEL_TIMEOUT = 30.0
+DEFAULT_EVENT_BUFFER = 1024
+_DATA_CAP = 2000
+
+# ---------------------------------------------------------------------------------------
+# events
+
+
+@dataclass(frozen=True, slots=True)
+class MessageChunk:
+    text: str
+    content: dict[str, Any]
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThoughtChunk:
+    text: str
+    content: dict[str, Any]
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserChunk:
+    """The user's own message, as an agent replays it (session/load)."""
+
+    text: str
+    content: dict[str, Any]
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """The merged state of one tool call. Content and locations stay raw JSON (newer
+    content kinds pass through)."""
+
+    tool_call_id: str
+    title: str | None = None
+    kind: str | None = None
+    status: str | None = None
+    content: tuple[dict[str, Any], ...] = ()
+    locations: tuple[dict[str, Any], ...] = ()
+    raw_input: Any = None
+    raw_output: Any = None
+    announced: bool = False
+    """True once the agent sent a `tool_call` for it (Gemini may never do so)."""
+
+    @property
+    def diffs(self) -> list[dict[str, Any]]:
+        return [c for c in self.content if c.get("type") == "diff"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    call: ToolCall
+    created: bool
+    """The first time this toolCallId was seen (by a tool_call, an update or a permission)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChanged:
+    entries: tuple[schema.PlanEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeChanged:
+    mode_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigOptionsChanged:
+    options: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandsChanged:
+    commands: tuple[schema.AvailableCommand, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageChanged:
+    used: int
+    size: int
+    cost: schema.Cost | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfoChanged:
+    title: str | None
+    updated_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawUpdate:
+    """An update we could not type: unknown/newer variant or failed validation."""
+
+    update: Any
+    reason: str
+
+
+DecisionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: DecisionKind
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionOption:
+    option_id: str
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRequest:
+    request_no: int
+    session_id: str
+    tool_call: ToolCall
+    options: tuple[PermissionOption, ...]
+    had_tool_call: bool
+    """Whether a tool_call/update for this id came before the request (Gemini: no)."""
+    raw: Any = field(repr=False, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRequested:
+    request: PermissionRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionResolved:
+    request: PermissionRequest
+    outcome: dict[str, Any]
+    """What was sent: {"outcome": "selected", "optionId": ...} or {"outcome": "cancelled"}."""
+    decision: Decision | None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryReplay:
+    """Brackets the updates an agent replays during session/load: not part of a live turn."""
+
+    started: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    stop_reason: str | None
+    error: str | None = None
+    usage: schema.Usage | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionError:
+    message: str
+
+
+Event = (
+    MessageChunk
+    | ThoughtChunk
+    | UserChunk
+    | ToolCallEvent
+    | PlanChanged
+    | ModeChanged
+    | ConfigOptionsChanged
+    | CommandsChanged
+    | UsageChanged
+    | SessionInfoChanged
+    | RawUpdate
+    | PermissionRequested
+    | PermissionResolved
+    | HistoryReplay
+    | TurnEnded
+    | SessionError
+)
+
+TurnResult = TurnEnded
+PermissionPolicy = Callable[[PermissionRequest], Awaitable[Decision]]
+
+CANCELLED_OUTCOME: dict[str, Any] = {"outcome": "cancelled"}
+
+# ---------------------------------------------------------------------------------------
+# pure parts: tool-call merge, permission mapping, update parsing
+
+
+_TOOL_FIELDS = (
+    ("title", "title"),
+    ("kind", "kind"),
+    ("status", "status"),
+    ("rawInput", "raw_input"),
+    ("rawOutput", "raw_output"),
+)
+
+
+class ToolCallTracker:
+    """Merged tool-call state keyed by toolCallId."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, ToolCall] = {}
+
+    def merge(self, raw: dict[str, Any], *, announce: bool) -> tuple[ToolCall, bool]:
+        """Merge a `tool_call` (announce=True) or partial `tool_call_update`. Fields absent
+        or null in the update keep their value. Returns (merged, created)."""
+        call_id = raw["toolCallId"]
+        old = self.calls.get(call_id)
+        created = old is None
+        call = old or ToolCall(call_id)
+        changes: dict[str, Any] = {}
+        for wire, attr in _TOOL_FIELDS:
+            value = raw.get(wire)
+            if value is not None:
+                changes[attr] = value
+        content = raw.get("content")
+        if isinstance(content, list):
+            changes["content"] = tuple(c for c in content if isinstance(c, dict))
+        locations = raw.get("locations")
+        if isinstance(locations, list):
+            changes["locations"] = tuple(c for c in locations if isinstance(c, dict))
+        if announce:
+            changes["announced"] = True
+        if changes or created:
+            call = replace(call, **changes)
+            self.calls[call_id] = call
+        return call, created
+
+
+_FALLBACKS: dict[str, tuple[str, ...]] = {
+    # Never widen a grant: "once" does not fall back to "always".
+    "allow_always": ("allow_always", "allow_once"),
+    "allow_once": ("allow_once",),
+    "reject_once": ("reject_once", "reject_always"),
+    "reject_always": ("reject_always", "reject_once"),
+}
+
+
+def choose_outcome(
+    decision: Decision, options: Sequence[PermissionOption]
+) -> tuple[dict[str, Any], str]:
+    """The outcome to send for a decision, chosen among the offered options by kind, and a
+    note when it is not what was asked. An allow with no allowing option becomes a reject;
+    a reject with no rejecting option becomes `cancelled`."""
+    if decision.kind == "cancelled":
+        return dict(CANCELLED_OUTCOME), ""
+    wanted = decision.kind
+    chain = _FALLBACKS.get(wanted, ())
+    for kind in chain:
+        for opt in options:
+            if opt.kind == kind:
+                note = "" if kind == wanted else f"{wanted} not offered; chose {kind}"
+                return {"outcome": "selected", "optionId": opt.option_id}, note
+    if wanted.startswith("allow"):
+        for kind in _FALLBACKS["reject_once"]:
+            for opt in options:
+                if opt.kind == kind:
+                    return (
+                        {"outcome": "selected", "optionId": opt.option_id},
+                        f"{wanted} not offered; rejected instead",
+                    )
+    return dict(CANCELLED_OUTCOME), f"{wanted} not offered; answered cancelled"
+
+
+def parse_options(raw: Any) -> tuple[PermissionOption, ...]:
+    out = []
+    for item in raw if isinstance(raw, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("optionId"), str):
+            out.append(
+                PermissionOption(
+                    item["optionId"], str(item.get("name", item["optionId"])), str(item.get("kind"))
+                )
+            )
+    return tuple(out)
+
+
+def _validate(model: type[BaseModel], update: dict[str, Any]) -> Any:
+    return model.model_validate(update)
+
+
+def _chunk_parts(update: dict[str, Any]) -> tuple[str, dict[str, Any], str | None] | None:
+    content = update.get("content")
+    if type(content) is not dict:
+        return None
+    text = content.get("text", "") if content.get("type") == "text" else ""
+    if type(text) is not str:
+        return None
+    mid = update.get("messageId")
+    return text, content, mid if isinstance(mid, str) else None
+
+
+def _short(value: Any, cap: int = _DATA_CAP) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
+    return text if len(text) <= cap else text[:cap] + "…"
+
+
+def describe_rpc_error(exc: JsonRpcError) -> str:
+    """An agent's error for a person: message, code and (capped, sanitised) data."""
+    text = f"{_short(exc.message, 500)} (code {exc.code})"
+    if exc.data is not None:
+        text += f": {_short(exc.data)}"
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+# the session
+
+
+class _Connection(Protocol):
+    """What a session needs from its client."""
+
+    async def request(self, method: str, params: Any) -> Any: ...
+
+    async def notify(self, method: str, params: Any) -> None: ...
+
+    async def describe_exit(self) -> str: ...
+
+
+@dataclass
+class SessionState:
+    modes: tuple[schema.SessionMode, ...] = ()
+    current_mode: str | None = None
+    config_options: tuple[Any, ...] = ()
+    commands: tuple[schema.AvailableCommand, ...] = ()
+    plan: tuple[schema.PlanEntry, ...] = ()
+    usage: UsageChanged | None = None
+    last_turn_usage: schema.Usage | None = None
+    title: str | None = None
+
+    @property
+    def models(self) -> tuple[Any, ...]:
+        """Config options of category "model" (session/set_model is gone from the spec)."""
+        return tuple(o for o in self.config_options if getattr(o, "category", None) == "model")
+
+
+@dataclass
+class _Turn:
+    number: int
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: bool = False
+    cancel_requested_at: float | None = None
+    cancel_requested: trio.Event = field(default_factory=trio.Event)
+    error: str | None = None
+
+
+@dataclass
+class _PendingPermission:
+    request: PermissionRequest
+    turn: _Turn
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    retired: str = ""
+
+
+async def deny_all(request: PermissionRequest) -> Decision:
+    return Decision("reject_once", "no permission policy is set")
+
+
+class AcpSession:
+    def __init__(
+        self,
+        connection: _Connection,
+        session_id: str,
+        *,
+        services: SessionServices | None = None,
+        policy: PermissionPolicy | None = None,
+        inactivity_timeout: float = DEFAULT_INACTIVITY_TIMEOUT,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+        event_buffer: int | float = DEFAULT_EVENT_BUFFER,
+    ) -> None:
+        self.session_id = session_id
+        self.state = SessionState()
+        self.tool_calls = ToolCallTracker()
+        self.services = services
+        self.policy: PermissionPolicy = policy or deny_all
+        self.inactivity_timeout = inactivity_timeout
+        self.cancel_timeout = cancel_timeout
+        self._conn = connection
+        self._send, self.events = trio.open_memory_channel[Event](event_buffer)
+        self._turn: _Turn | None = None
+        self._turns = itertools.count(1)
+        self._permission_nos = itertools.count(1)
+        self._pending: set[_PendingPermission] = set()
+        self._busy = 0
+        self._last_activity = trio.current_time()
+        self._activity = trio.Event()
+        self.closed = False
+
+    # -- state from session/new|load|resume --------------------------------------------
+    def apply_session_result(self, result: Any) -> None:
+        """modes / configOptions from a session/new, load or resume answer (raw dict)."""
+        if not isinstance(result, dict):
+            return
+        modes = result.get("modes")
+        if isinstance(modes, dict):
+            try:
+                state = schema.SessionModeState.model_validate(modes)
+                self.state.modes = tuple(state.available_modes)
+                self.state.current_mode = state.current_mode_id
+            except ValidationError:
+                pass
+        if isinstance(result.get("configOptions"), list):
+            self._set_config_options(result)
+
+    def _set_config_options(self, container: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            parsed = schema.SetSessionConfigOptionResponse.model_validate(
+                {"configOptions": container.get("configOptions")}
+            )
+        except ValidationError:
+            return None
+        self.state.config_options = tuple(parsed.config_options)
+        return self.state.config_options
+
+    # -- events ---------------------------------------------------------------------------
+    async def _emit(self, event: Event) -> None:
+        try:
+            await self._send.send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # nobody listens any more (session closed)
+
+    def _touch(self) -> None:
+        self._last_activity = trio.current_time()
+
+    async def handle_update(self, params: dict[str, Any]) -> None:
+        """A `session/update` notification for this session (params as raw JSON)."""
+        self._last_activity = trio.current_time()
+        update = params.get("update")
+        await self._emit(self.parse_update(update))
+
+    def handle_update_nowait(self, params: dict[str, Any]) -> bool:
+        """Queue an update without waiting (False if the event channel is full)."""
+        try:
+            self._send.send_nowait(self.parse_update(params.get("update")))
+        except trio.WouldBlock:
+            return False
+        return True
+
+    def parse_update(self, update: Any) -> Event:
+        """Turn one raw update into an event, updating the state. Never raises."""
+        if type(update) is not dict:
+            return RawUpdate(update, "the update is not an object")
+        kind = update.get("sessionUpdate")
+        try:
+            if kind == "agent_message_chunk":
+                parts = _chunk_parts(update)
+                if parts is not None:
+                    return MessageChunk(*parts)
+            elif kind == "agent_thought_chunk":
+                parts = _chunk_parts(update)
+                if parts is not None:
+                    return ThoughtChunk(*parts)
+            elif kind == "user_message_chunk":
+                parts = _chunk_parts(update)
+                if parts is not None:
+                    return UserChunk(*parts)
+            elif kind in ("tool_call", "tool_call_update"):
+                if isinstance(update.get("toolCallId"), str):
+                    call, created = self.tool_calls.merge(update, announce=kind == "tool_call")
+                    return ToolCallEvent(call, created)
+            elif kind == "plan":
+                plan = schema.AgentPlanUpdate.model_validate(update)
+                self.state.plan = tuple(plan.entries)
+                return PlanChanged(self.state.plan)
+            elif kind == "current_mode_update":
+                mode = schema.CurrentModeUpdate.model_validate(update)
+                self.state.current_mode = mode.current_mode_id
+                return ModeChanged(mode.current_mode_id)
+            elif kind == "config_option_update":
+                options = self._set_config_options(update)
+                if options is not None:
+                    return ConfigOptionsChanged(options)
+            elif kind == "available_commands_update":
+                cmds = schema.AvailableCommandsUpdate.model_validate(update)
+                self.state.commands = tuple(cmds.available_commands)
+                return CommandsChanged(self.state.commands)
+            elif kind == "usage_update":
+                usage = schema.UsageUpdate.model_validate(update)
+                self.state.usage = UsageChanged(usage.used, usage.size, usage.cost)
+                return self.state.usage
+            elif kind == "session_info_update":
+                info = schema.SessionInfoUpdate.model_validate(update)
+                if info.title is not None:
+                    self.state.title = info.title
+                return SessionInfoChanged(info.title, info.updated_at)
+            else:
+                return RawUpdate(update, f"unknown session update {_short(kind, 80)!r}")
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return RawUpdate(update, f"invalid {kind}: {where}: {first['msg']}")
+        return RawUpdate(update, f"invalid {kind}")
+
+    # -- agent -> client requests ---------------------------------------------------------
+    async def serve(self, method: str, params: Any) -> Any:
+        """fs/* and terminal/* for this session; the watchdog pauses while they run."""
+        if self.services is None:
+            raise JsonRpcError(-32601, f"Method not found: {method}")
+        self._busy += 1
+        try:
+            return await self.services.handle(method, params)
+        finally:
+            self._busy -= 1
+            self._touch()
+
+    async def handle_permission(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`session/request_permission`: ask the policy, map its decision by kind."""
+        self._touch()
+        raw_call = params.get("toolCall")
+        options = parse_options(params.get("options"))
+        call_id = raw_call.get("toolCallId") if isinstance(raw_call, dict) else None
+        if isinstance(call_id, str):
+            had = call_id in self.tool_calls.calls
+            call, created = self.tool_calls.merge(raw_call, announce=False)  # type: ignore[arg-type]
+            await self._emit(ToolCallEvent(call, created))
+        else:
+            had = False
+            call = ToolCall(str(call_id) if call_id is not None else "")
+        request = PermissionRequest(
+            next(self._permission_nos), self.session_id, call, options, had, raw=params
+        )
+        turn = self._turn
+        if turn is None or turn.done or turn.cancel_requested_at is not None:
+            note = "no turn in progress" if turn is None or turn.done else "the turn was cancelled"
+            await self._emit(PermissionResolved(request, dict(CANCELLED_OUTCOME), None, note))
+            return {"outcome": dict(CANCELLED_OUTCOME)}
+        await self._emit(PermissionRequested(request))
+        pending = _PendingPermission(request, turn)
+        self._pending.add(pending)
+        self._busy += 1
+        decision: Decision | None = None
+        try:
+            with pending.scope:
+                try:
+                    decision = await self.policy(request)
+                except Exception as e:  # a broken policy must not approve anything
+                    decision = Decision("reject_once", f"permission policy failed: {e!r}")
+        finally:
+            self._pending.discard(pending)
+            self._busy -= 1
+            self._touch()
+        if pending.retired or turn.done or turn.cancel_requested_at is not None:
+            note = pending.retired or "the turn ended"
+            if decision is not None:
+                note += f"; the late answer {decision.kind} was dropped"
+            outcome, decision = dict(CANCELLED_OUTCOME), None
+        else:
+            assert decision is not None
+            outcome, note = choose_outcome(decision, options)
+        await self._emit(PermissionResolved(request, outcome, decision, note))
+        return {"outcome": outcome}
+
+    def _retire_permissions(self, why: str) -> None:
+        for pending in list(self._pending):
+            if not pending.retired:
+                pending.retired = why
+            pending.scope.cancel()
+
+    @property
+    def pending_permissions(self) -> list[PermissionRequest]:
+        return [p.request for p in self._pending]
+
+    # -- turns ----------------------------------------------------------------------------
+    @property
+    def turn_running(self) -> bool:
+        return self._turn is not None and not self._turn.done
+
+    async def prompt(self, blocks: str | Iterable[Any]) -> TurnEnded:
+        """Run one turn: send session/prompt and wait for its end (no fixed timeout; see the
+        watchdog). Returns the TurnEnded event, also sent on `events`."""
+        if self.closed:
+            raise RuntimeError("the session is closed")
+        if self.turn_running:
+            raise RuntimeError("a turn is already running in this session")
+        turn = _Turn(next(self._turns))
+        self._turn = turn
+        params = {"sessionId": self.session_id, "prompt": _prompt_blocks(blocks)}
+        self._touch()
+        result: Any = None
+        error: str | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watchdog, turn)
+            try:
+                with turn.scope:
+                    result = await self._conn.request("session/prompt", params)
+            except JsonRpcError as e:
+                error = f"the agent failed the turn: {describe_rpc_error(e)}"
+            except ConnectionClosed:
+                error = await self._conn.describe_exit()
+            finally:
+                turn.done = True
+                nursery.cancel_scope.cancel()
+        if turn.error is not None:
+            error = turn.error
+        self._retire_permissions("the turn ended")
+        ended = self._turn_ended(result, error)
+        await self._emit(ended)
+        return ended
+
+    def _turn_ended(self, result: Any, error: str | None) -> TurnEnded:
+        if error is not None:
+            return TurnEnded(None, error)
+        if not isinstance(result, dict) or not isinstance(result.get("stopReason"), str):
+            return TurnEnded(None, f"the agent answered the prompt without a stopReason: {_short(result, 300)}")
+        stop = result["stopReason"]
+        usage = None
+        if isinstance(result.get("usage"), dict):
+            try:
+                usage = schema.Usage.model_validate(result["usage"])
+                self.state.last_turn_usage = usage
+            except ValidationError:
+                pass
+        return TurnEnded(stop, None, usage)
+
+    async def _watchdog(self, turn: _Turn) -> None:
+        while True:
+            deadline = self._last_activity + self.inactivity_timeout
+            if turn.cancel_requested_at is not None:
+                deadline = min(deadline, turn.cancel_requested_at + self.cancel_timeout)
+            with trio.move_on_at(deadline) as sleep:
+                if turn.cancel_requested_at is None:
+                    await turn.cancel_requested.wait()
+                else:
+                    await trio.sleep_forever()
+            if not sleep.cancelled_caught:
+                continue  # a cancel came: recompute the deadline
+            now = trio.current_time()
+            if turn.cancel_requested_at is not None and now >= turn.cancel_requested_at + self.cancel_timeout:
+                turn.error = (
+                    f"the agent did not end the turn within {self.cancel_timeout:g} s of the cancel"
+                )
+                break
+            if self._busy:
+                # Waiting on the person or on our own fs/terminal work is not the agent's silence.
+                self._touch()
+                continue
+            if now >= self._last_activity + self.inactivity_timeout:
+                turn.error = (
+                    f"the agent sent nothing for {self.inactivity_timeout:g} s; the turn was stopped "
+                    "(the agent may be retrying an unreachable model; raise inactivity_timeout "
+                    "if it needs longer)"
+                )
+                with trio.move_on_after(2):
+                    try:
+                        await self._conn.notify("session/cancel", {"sessionId": self.session_id})
+                    except ConnectionClosed:
+                        pass
+                break
+        self._retire_permissions("the turn was stopped")
+        turn.scope.cancel()
+
+    async def cancel(self) -> None:
+        """Ask the agent to stop the current turn. Pending permission requests are answered
+        `cancelled` at once; the turn itself ends when the agent answers (stopReason
+        "cancelled") or after `cancel_timeout`."""
+        turn = self._turn
+        if turn is None or turn.done or turn.cancel_requested_at is not None:
+            return
+        turn.cancel_requested_at = trio.current_time()
+        turn.cancel_requested.set()
+        self._retire_permissions("the turn was cancelled")
+        try:
+            await self._conn.notify("session/cancel", {"sessionId": self.session_id})
+        except ConnectionClosed:
+            pass  # the prompt request fails with ConnectionClosed on its own
+
+    # -- modes and config options -----------------------------------------------------------
+    async def set_mode(self, mode_id: str) -> None:
+        params = schema.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
+        await self._conn.request("session/set_mode", dump(params))
+        self.state.current_mode = mode_id
+
+    async def set_config_option(self, config_id: str, value: str | bool) -> tuple[Any, ...]:
+        """Set a config option (a model is a select option of category "model"); returns
+        the agent's full set of options after the change."""
+        params: BaseModel
+        if isinstance(value, bool):
+            params = schema.SetSessionConfigOptionBooleanRequest(
+                session_id=self.session_id, config_id=config_id, value=value, type="boolean"
+            )
+        else:
+            params = schema.SetSessionConfigOptionSelectRequest(
+                session_id=self.session_id, config_id=config_id, value=value
+            )
+        result = await self._conn.request("session/set_config_option", dump(params))
+        if isinstance(result, dict) and isinstance(result.get("configOptions"), list):
+            self._set_config_options(result)
+        return self.state.config_options
+
+    # -- history (session/load) -------------------------------------------------------------
+    async def mark_history(self, started: bool) -> None:
+        await self._emit(HistoryReplay(started))
+
+    async def report_error(self, message: str) -> None:
+        await self._emit(SessionError(message))
+
+    # -- closing ----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Cancel a running turn, kill the session's terminals, close the event stream."""
+        if self.closed:
+            return
+        self.closed = True
+        with trio.CancelScope(shield=True):
+            if self.turn_running:
+                with trio.move_on_after(1):
+                    await self.cancel()
+                if self._turn is not None:
+                    self._turn.scope.cancel()
+            self._retire_permissions("the session closed")
+            if self.services is not None:
+                await self.services.aclose()
+        self._send.close()
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A model as wire JSON: aliases, no nulls."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _prompt_blocks(blocks: str | Iterable[Any]) -> list[Any]:
+    if isinstance(blocks, str):
+        return [{"type": "text", "text": blocks}]
+    out: list[Any] = []
+    for block in blocks:
+        if isinstance(block, BaseModel):
+            out.append(dump(block))
+        elif isinstance(block, str):
+            out.append({"type": "text", "text": block})
+        else:
+            out.append(block)
+    return out
