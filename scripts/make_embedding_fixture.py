@@ -43,7 +43,7 @@ TEXTS: list[str] = [
     "See [[Daily Notes/2024-03-14|yesterday]] and [[Project Plan#Risks]] for context. #planning #ml",
     "---\ntitle: Frontmatter note\ntags: [a, b]\n---\nBody text after YAML frontmatter.",
     "```python\nimport numpy as np\nprint(np.linalg.norm([3, 4]))\n```",
-    "fn main() { let v: Vec<u32> = (0..10).map(|x| x * x).collect(); println!(\"{:?}\", v); }",
+    'fn main() { let v: Vec<u32> = (0..10).map(|x| x * x).collect(); println!("{:?}", v); }',
     "SELECT path, title FROM notes WHERE tags LIKE '%ml%' ORDER BY mtime DESC LIMIT 5;",
     '{"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {"sessionId": "abc"}}',
     "Café, naïve, résumé, coöperate, façade — accents and an em dash.",
@@ -93,8 +93,10 @@ def main() -> None:
     items = ",\n  ".join(json.dumps(i, ensure_ascii=False) for i in doc.pop("items"))
     head = json.dumps(doc, ensure_ascii=False, indent=1)[:-2]
     OUT.write_text(f'{head},\n "items": [\n  {items}\n ]\n}}\n')
-    print(f"wrote {len(TEXTS)} vectors to {OUT.relative_to(OUT.parents[2])}; "
-          f"{sum(n > 256 for n in tokens)} texts longer than 256 tokens")
+    print(
+        f"wrote {len(TEXTS)} vectors to {OUT.relative_to(OUT.parents[2])}; "
+        f"{sum(n > 256 for n in tokens)} texts longer than 256 tokens"
+    )
 
 
 if __name__ == "__main__":

