@@ -1,0 +1,257 @@
+"""Which ACP agent to run, and how: built-in agents, discovery on PATH, config profiles.
+
+Built-ins (`BUILTINS`): claude (`claude-agent-acp`, else `npx -y @zed-industries/claude-agent-acp`),
+opencode (`opencode acp`), gemini (`gemini --acp`), codex (`codex-acp`, else
+`npx -y @zed-industries/codex-acp`).
+
+Profiles come from the host's config as a mapping name -> profile, where a profile is a dict
+or any object with `command`, `args`, `env`, `extends` (a pydantic model works: only the
+fields it was given count as set). Resolution rules:
+
+* `extends` names another profile or a built-in; every field the profile sets replaces the
+  base's (`command`, `args`), except `env`, which is merged over the base's.
+* A profile named like a built-in without `extends` extends that built-in, and
+  `extends = "<its own name>"` means the built-in too (so `[agents.claude] env = {...}` works).
+* A loop (`a -> b -> a`) is an error naming the chain.
+* `--agent-command "CMD ARGS"` (split like a shell would) runs any ACP agent.
+
+This module knows nothing of Crucible; errors are `AgentRegistryError(message, fix)`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "BUILTINS",
+    "AgentRegistryError",
+    "AgentSpec",
+    "BuiltinAgent",
+    "ProfileLike",
+    "Profiles",
+    "auth_hint",
+    "install_hint",
+    "known_names",
+    "resolve_agent",
+]
+
+
+class AgentRegistryError(Exception):
+    """An agent name or profile that cannot be resolved, with what to do about it."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+class ProfileLike(Protocol):
+    """What a profile object offers (read-only, so a config model with `args: list[str]` fits)."""
+
+    @property
+    def command(self) -> str | None: ...
+    @property
+    def args(self) -> Sequence[str] | None: ...
+    @property
+    def env(self) -> Mapping[str, str] | None: ...
+    @property
+    def extends(self) -> str | None: ...
+
+
+Profiles = Mapping[str, ProfileLike | Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """How to launch one agent. `source` says where it came from, for `cru agents` and errors."""
+
+    name: str
+    command: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+    # False when the command was not found (a built-in missing from PATH with no npx fallback).
+    found: bool = True
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.command, *self.args]
+
+    def display(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class BuiltinAgent:
+    name: str
+    executable: str
+    args: tuple[str, ...]
+    npm_package: str
+    npx_fallback: bool
+    auth: str
+
+
+BUILTINS: dict[str, BuiltinAgent] = {
+    b.name: b
+    for b in (
+        BuiltinAgent("claude", "claude-agent-acp", (), "@zed-industries/claude-agent-acp", True,
+                     "run `claude /login` (the Claude Code CLI: npm install -g @anthropic-ai/claude-code), "
+                     "or set ANTHROPIC_API_KEY"),
+        BuiltinAgent("opencode", "opencode", ("acp",), "opencode-ai", False,
+                     "run `opencode auth login`"),
+        BuiltinAgent("gemini", "gemini", ("--acp",), "@google/gemini-cli", False,
+                     "set GEMINI_API_KEY (a key from https://aistudio.google.com/apikey), "
+                     "or run `gemini` once and log in with Google"),
+        BuiltinAgent("codex", "codex-acp", (), "@zed-industries/codex-acp", True,
+                     "run `codex login`, or set OPENAI_API_KEY"),
+    )
+}
+
+# Where npm, bun and the agents' own installers put executables; a host started from a
+# desktop launcher often has a PATH without them (then installed agents look missing).
+_EXTRA_BIN_DIRS = ("~/.local/bin", "~/.npm-global/bin", "~/.bun/bin", "~/.opencode/bin",
+                   "~/.volta/bin", "/usr/local/bin", "/opt/homebrew/bin")
+
+
+def known_names(profiles: Profiles | None = None) -> list[str]:
+    """Built-in names first, then the profiles' own names."""
+    return [*BUILTINS, *sorted(n for n in (profiles or {}) if n not in BUILTINS)]
+
+
+def install_hint(name: str) -> str:
+    """The command that installs agent `name`, or how to run an agent Crucible does not know."""
+    b = BUILTINS.get(name)
+    if b is None:
+        return ("install the agent and give its command in a profile ([agents.NAME] command = ...) "
+                "or with --agent-command \"CMD ARGS\"")
+    return f"npm install -g {b.npm_package}"
+
+
+def auth_hint(name: str) -> str:
+    """How to log agent `name` in (for an "Authentication required" answer)."""
+    b = BUILTINS.get(name)
+    return b.auth if b else f"log in to {name} the way its documentation says, then try again"
+
+
+def _which(executable: str, path: str | None) -> str | None:
+    found = shutil.which(executable, path=path)
+    if found is None and path is None:
+        extra = os.pathsep.join(str(Path(d).expanduser()) for d in _EXTRA_BIN_DIRS)
+        found = shutil.which(executable, path=extra)
+    return found
+
+
+def _builtin_spec(b: BuiltinAgent, path: str | None) -> AgentSpec:
+    if exe := _which(b.executable, path):
+        return AgentSpec(b.name, exe, list(b.args), {}, f"built-in: {exe}")
+    if b.npx_fallback and (npx := _which("npx", path)):
+        return AgentSpec(b.name, npx, ["-y", b.npm_package, *b.args], {},
+                         f"built-in via npx ({b.executable} is not on PATH)")
+    return AgentSpec(b.name, b.executable, list(b.args), {},
+                     f"built-in ({b.executable} is not on PATH)", found=False)
+
+
+def _get(profile: Any, key: str) -> tuple[bool, Any]:
+    """(was it set, value) for a dict or an object profile; a pydantic model's defaults do not
+    count as set."""
+    if isinstance(profile, Mapping):
+        return (key in profile and profile[key] is not None), profile.get(key)
+    value = getattr(profile, key, None)
+    fields_set = getattr(profile, "model_fields_set", None)
+    if isinstance(fields_set, (set, frozenset)):
+        return (key in fields_set and value is not None), value
+    return value is not None, value
+
+
+def _check_profile(name: str, profile: Any) -> tuple[str | None, list[str] | None, dict[str, str], str | None]:
+    has_cmd, command = _get(profile, "command")
+    has_args, args = _get(profile, "args")
+    _, env = _get(profile, "env")
+    has_ext, extends = _get(profile, "extends")
+    where = f"[agents.{name}]"
+    if has_cmd and (not isinstance(command, str) or not command.strip()):
+        raise AgentRegistryError(f"{where} command must be a non-empty string", 'command = "my-agent"')
+    if has_args and (not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args)):
+        raise AgentRegistryError(f"{where} args must be a list of strings", 'args = ["--acp"]')
+    if env is not None and (not isinstance(env, Mapping)
+                            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise AgentRegistryError(f"{where} env must be a table of strings", 'env = { KEY = "value" }')
+    if has_ext and not isinstance(extends, str):
+        raise AgentRegistryError(f"{where} extends must be an agent name", 'extends = "claude"')
+    return (command if has_cmd else None, list(args) if has_args else None, dict(env or {}),
+            extends if has_ext else None)
+
+
+def _resolve(name: str, profiles: Profiles, path: str | None, chain: list[str]) -> AgentSpec:
+    if name not in profiles:
+        if name in BUILTINS:
+            return _builtin_spec(BUILTINS[name], path)
+        if chain:
+            raise AgentRegistryError(
+                f"[agents.{chain[-1]}] extends {name!r}, which is neither a built-in agent nor a profile",
+                f"use one of: {', '.join(known_names(profiles))}")
+        raise AgentRegistryError(
+            f"unknown agent {name!r}; known agents: {', '.join(known_names(profiles))}",
+            f"pass one of those, add an [agents.{name}] profile to the config, "
+            "or run any ACP agent with --agent-command \"CMD ARGS\"")
+    if name in chain:
+        loop = " -> ".join([*chain[chain.index(name):], name])
+        raise AgentRegistryError(f"agent profiles extend each other in a loop: {loop}",
+                                 "remove `extends` from one of these profiles")
+    command, args, env, extends = _check_profile(name, profiles[name])
+    if extends is None and name in BUILTINS:
+        extends = name  # a profile named like a built-in refines it
+    if extends is None:
+        if command is None:
+            raise AgentRegistryError(f"[agents.{name}] has neither command nor extends",
+                                     f'set command = "..." or extends = "claude" under [agents.{name}]')
+        return AgentSpec(name, command, args or [], env, f"profile {name}")
+    if extends == name:
+        if name not in BUILTINS:
+            raise AgentRegistryError(f"agent profiles extend each other in a loop: {name} -> {name}",
+                                     f"remove `extends` from [agents.{name}]")
+        base = _builtin_spec(BUILTINS[name], path)
+    else:
+        base = _resolve(extends, profiles, path, [*chain, name])
+    return AgentSpec(
+        name,
+        command if command is not None else base.command,
+        args if args is not None else list(base.args),
+        {**base.env, **env},
+        f"profile {name} (extends {base.name}: {base.source})",
+        found=base.found if command is None else True,
+    )
+
+
+def resolve_agent(
+    name: str | None,
+    *,
+    agent_command: str | None = None,
+    profiles: Profiles | None = None,
+    path: str | None = None,
+) -> AgentSpec:
+    """The launch spec for agent `name` (a built-in or a profile), or for `agent_command`.
+
+    `path` is the PATH to search (default: the process's, plus the usual install dirs).
+    Raises AgentRegistryError with a fix for unknown names, bad profiles and loops.
+    """
+    profiles = profiles or {}
+    if agent_command is not None:
+        try:
+            argv = shlex.split(agent_command)
+        except ValueError as e:
+            raise AgentRegistryError(f"cannot split --agent-command {agent_command!r}: {e}",
+                                     'quote it like a shell command: --agent-command "my-agent --acp"') from None
+        if not argv:
+            raise AgentRegistryError("--agent-command is empty", '--agent-command "my-agent --acp"')
+        spec_name = name or Path(argv[0]).name
+        return AgentSpec(spec_name, argv[0], argv[1:], {}, "--agent-command")
+    if not name:
+        raise AgentRegistryError("no agent given", f"pass -a with one of: {', '.join(known_names(profiles))}")
+    return _resolve(name, profiles, path, [])
