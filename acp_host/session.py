@@ -420,8 +420,10 @@ class AcpSession:
         inactivity_timeout: float = DEFAULT_INACTIVITY_TIMEOUT,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         event_buffer: int | float = DEFAULT_EVENT_BUFFER,
+        nursery: trio.Nursery | None = None,
     ) -> None:
         self.session_id = session_id
+        self._nursery = nursery
         self.state = SessionState()
         self.tool_calls = ToolCallTracker()
         self.services = services
@@ -584,10 +586,7 @@ class AcpSession:
         decision: Decision | None = None
         try:
             with pending.scope:
-                try:
-                    decision = await self.policy(request)
-                except Exception as e:  # a broken policy must not approve anything
-                    decision = Decision("reject_once", f"permission policy failed: {e!r}")
+                decision = await self._ask_policy(pending)
         finally:
             self._pending.discard(pending)
             self._busy -= 1
@@ -602,6 +601,34 @@ class AcpSession:
             outcome, note = choose_outcome(decision, options)
         await self._emit(PermissionResolved(request, outcome, decision, note))
         return {"outcome": outcome}
+
+    async def _ask_policy(self, pending: _PendingPermission) -> Decision:
+        """The policy's decision. With a nursery the policy runs in its own task, so a retired
+        request is answered `cancelled` at once even if the policy does not notice the
+        cancellation (a dialog still open); its late decision is then dropped."""
+        if self._nursery is None:
+            return await self._call_policy(pending.request)
+        decided = trio.Event()
+        box: list[Decision] = []
+        policy_scope = trio.CancelScope()
+
+        async def ask() -> None:
+            with policy_scope:
+                box.append(await self._call_policy(pending.request))
+                decided.set()
+
+        self._nursery.start_soon(ask)
+        try:
+            await decided.wait()
+        finally:
+            policy_scope.cancel()
+        return box[0]
+
+    async def _call_policy(self, request: PermissionRequest) -> Decision:
+        try:
+            return await self.policy(request)
+        except Exception as e:  # a broken policy must not approve anything
+            return Decision("reject_once", f"permission policy failed: {e!r}")
 
     def _retire_permissions(self, why: str) -> None:
         for pending in list(self._pending):

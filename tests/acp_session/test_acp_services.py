@@ -136,12 +136,16 @@ async def test_terminal_truncation_keeps_characters_whole(roots: tuple[Path, Pat
 async def test_terminal_kill_and_shell_command(roots: tuple[Path, Path, Path]) -> None:
     cwd, _, _ = roots
     (cwd / "f.txt").write_text("x")
+    fifo = cwd.parent / "ready.fifo"
+    os.mkfifo(fifo)
     async with trio.open_nursery() as nursery:
         svc = SessionServices(nursery, cwd)
         created = await svc.handle(
-            "terminal/create", {"sessionId": SID, "command": "echo started; exec sleep 60"}
+            "terminal/create", {"sessionId": SID, "command": f"echo started; echo > {fifo}; exec sleep 60"}
         )
         tid = created["terminalId"]
+        # The command says it is running (no polling): "started" is in the pipe by then.
+        await trio.to_thread.run_sync(fifo.read_text)
         out = await svc.handle("terminal/output", {"sessionId": SID, "terminalId": tid})
         assert "exitStatus" not in out
         await svc.handle("terminal/kill", {"sessionId": SID, "terminalId": tid})
