@@ -430,6 +430,15 @@ class KilnIndex:
                     )
         return out
 
+    @property
+    def chunk_collection(self) -> Any:
+        """The Chroma collection of chunk rows (for benchmarks comparing against raw queries)."""
+        return self._chunks
+
+    def count_notes(self) -> int:
+        with _store_errors(self.root, self.store, "reading it"):
+            return int(self._notes.count())
+
     def count_chunks(self) -> int:
         with _store_errors(self.root, self.store, "reading it"):
             return int(self._chunks.count())
@@ -522,7 +531,7 @@ class KilnIndex:
             if progress is not None:
                 progress(IndexProgress("scan", i, len(paths), 0, 0, rel))
             path = root / rel
-            if not full and (not _indexable(rel) or not (path.exists() or path.is_symlink())):
+            if not full and (not is_indexable(rel) or not (path.exists() or path.is_symlink())):
                 if rel in manifest:
                     gone.append(rel)
                 continue
@@ -811,7 +820,7 @@ def _reason(exc: CrucibleError, rel: str) -> str:
     return message[len(rel) + 2:] if message.startswith(f"{rel}: ") else message
 
 
-def _indexable(rel: str) -> bool:
+def is_indexable(rel: str) -> bool:
     """Whether the kiln listing would include this path (a .md note outside dot-folders)."""
     parts = rel.split("/")
     return rel.lower().endswith(".md") and not any(p.startswith(".") or p in SKIP_DIRS for p in parts)

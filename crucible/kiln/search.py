@@ -201,6 +201,15 @@ def lexical_ranking(index: KilnIndex, query: str, depth: int) -> list[tuple[str,
     return index.lexical().search(query, depth)
 
 
+def rrf(rankings: list[list[str]], k: int = RRF_K) -> list[tuple[str, float]]:
+    """Reciprocal-rank fusion: each ranking adds 1 / (k + rank) to the notes it lists."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, path in enumerate(ranking):
+            fused[path] = fused.get(path, 0.0) + 1.0 / (k + rank + 1)
+    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchResult]:
     """Notes by meaning and by words: the dense and BM25 rankings fused by reciprocal rank.
 
@@ -210,12 +219,7 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchR
     depth = max(FUSION_DEPTH, limit)
     dense = dense_ranking(index, vector, depth)
     lexical = lexical_ranking(index, query, depth)
-    fused: dict[str, float] = {}
-    for rank, (d, _) in enumerate(dense):
-        fused[d.path] = fused.get(d.path, 0.0) + 1.0 / (RRF_K + rank + 1)
-    for rank, (path, _) in enumerate(lexical):
-        fused[path] = fused.get(path, 0.0) + 1.0 / (RRF_K + rank + 1)
-    top = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+    top = rrf([[d.path for d, _ in dense], [p for p, _ in lexical]])[:limit]
     by_path = {d.path: d for d, _ in dense}
     lex = index.lexical()
     best_scale = 2.0 / (RRF_K + 1)

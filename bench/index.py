@@ -1,0 +1,170 @@
+"""Index benchmark: full index of the sample kiln and of a generated kiln, then re-index after
+one changed note (goal: <= 2% of the full time), and a re-index with nothing changed.
+
+    $V/python bench/index.py                 # sample kiln + a generated 10,000-note kiln
+    $V/python bench/index.py --notes 2000    # a smaller generated kiln
+    $V/python bench/index.py --skip-generated
+
+Each kiln is copied (or generated) into a temporary folder, so its index starts empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from crucible.config import Config
+from crucible.kiln.index import IndexProgress, IndexReport, KilnIndex
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_KILN = REPO.parent / "shared" / "kilns" / "crucible-docs"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("CRUCIBLE_DEV_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "crucible-dev"
+    )
+    return Path(base) / "bench"
+
+
+def sync_kiln(src: Path, dst: Path) -> None:
+    """Make `dst` hold exactly `src`'s files (its own .crucible/ kept), copying only what
+    differs, so an index cached in `dst` stays valid across runs."""
+    dst.mkdir(parents=True, exist_ok=True)
+    wanted: set[str] = set()
+    for path in src.rglob("*"):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith(".crucible") or not path.is_file():
+            continue
+        wanted.add(rel)
+        target = dst / rel
+        if not target.is_file() or target.read_bytes() != path.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    for path in sorted(dst.rglob("*"), reverse=True):
+        rel = path.relative_to(dst).as_posix()
+        if rel.startswith(".crucible"):
+            continue
+        if path.is_file() and rel not in wanted:
+            path.unlink()
+
+
+class Printer:
+    """Progress lines every few seconds."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.last = 0.0
+        self.start = time.perf_counter()
+
+    def __call__(self, p: IndexProgress) -> None:
+        now = time.perf_counter()
+        if now - self.last < 5:
+            return
+        self.last = now
+        spent = now - self.start
+        if p.phase == "scan":
+            print(f"  [{self.label}] {spent:6.1f}s scanned {p.notes_done}/{p.notes_total} notes",
+                  flush=True)
+        else:
+            print(f"  [{self.label}] {spent:6.1f}s embedded {p.chunks_done}/{p.chunks_total} chunks",
+                  flush=True)
+
+
+WORDS = """garden river mountain compiler kernel planet recipe violin harbor lantern orbit
+protocol archive meadow glacier circuit novel thunder pixel canyon ledger beacon quartz falcon
+prairie cipher galaxy harvest island jungle kettle lagoon marble nebula oasis paddle quiver
+rhythm saddle timber umbrella valley walnut yonder zephyr anchor bridge candle dragon ember
+forest granite horizon ivory jasmine kayak lemon magnet needle orchid pepper quill ribbon
+summit tunnel velvet whistle yarn zenith atlas bamboo cobalt dune echo fjord geyser hollow
+indigo jetty kiln lotus mosaic nectar opal prism quarry relic sonnet tide utopia vortex
+willow xenon yeast zinc""".split()
+
+
+def generate_kiln(folder: Path, n: int, seed: int = 7) -> None:
+    """`n` notes in 100-note folders: frontmatter, a title, two or three sections of prose
+    made of a fixed vocabulary, wikilinks to other notes and tags (deterministic)."""
+    rng = random.Random(seed)
+
+    def sentence() -> str:
+        words = rng.choices(WORDS, k=rng.randint(8, 16))
+        return " ".join(words).capitalize() + "."
+
+    for i in range(n):
+        sub = folder / f"area-{i // 100:03d}"
+        sub.mkdir(parents=True, exist_ok=True)
+        topic = " ".join(rng.sample(WORDS, 2))
+        links = " ".join(f"[[note-{rng.randrange(n):05d}]]" for _ in range(3))
+        sections = []
+        for h in range(rng.randint(2, 3)):
+            para = " ".join(sentence() for _ in range(rng.randint(2, 4)))
+            sections.append(f"## Part {h + 1}: {rng.choice(WORDS)}\n\n{para}")
+        text = (
+            f"---\ntags: [{rng.choice(WORDS)}, generated]\nstatus: {rng.choice(['draft', 'done'])}\n---\n"
+            f"# Note {i}: {topic}\n\n{sentence()} See {links}.\n\n" + "\n\n".join(sections) + "\n"
+        )
+        (sub / f"note-{i:05d}.md").write_text(text)
+
+
+def run(label: str, kiln: Path, change: str) -> dict[str, float]:
+    config = Config()
+    index = KilnIndex.open(kiln, config, rebuild=True)
+    try:
+        print(f"{label}: full index ...", flush=True)
+        full = index.update(progress=Printer(label))
+        show(label, "full", full)
+        nothing = index.update()
+        show(label, "no change", nothing)
+        note = kiln / change
+        note.write_text(note.read_text() + "\nOne more paragraph about the lantern in the harbor.\n")
+        one = index.update()
+        show(label, "1 changed", one)
+        status = index.status()
+    finally:
+        index.close()
+    ratio = one.elapsed / full.elapsed if full.elapsed else float("nan")
+    print(f"{label}: {status.notes} notes, {status.chunks} chunks; full {full.elapsed:.1f}s "
+          f"({full.chunks_embedded / full.elapsed:.1f} chunks/s); one changed note "
+          f"{one.elapsed:.3f}s = {100 * ratio:.2f}% of full (goal <= 2%); "
+          f"no change {nothing.elapsed:.3f}s", flush=True)
+    return {"full": full.elapsed, "one": one.elapsed, "nothing": nothing.elapsed, "ratio": ratio}
+
+
+def show(label: str, what: str, r: IndexReport) -> None:
+    print(f"  [{label}] {what}: {r.elapsed:.3f}s, notes indexed {r.notes_indexed} "
+          f"unchanged {r.notes_unchanged} removed {r.notes_removed}, chunks embedded "
+          f"{r.chunks_embedded} kept {r.chunks_reused}, skipped {len(r.skipped)} "
+          f"degraded {len(r.degraded)}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--notes", type=int, default=10_000, help="size of the generated kiln")
+    ap.add_argument("--skip-shared", action="store_true")
+    ap.add_argument("--skip-generated", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="crucible-bench-index-") as tmp:
+        if not args.skip_shared:
+            if SHARED_KILN.is_dir():
+                kiln = Path(tmp) / "crucible-docs"
+                sync_kiln(SHARED_KILN, kiln)
+                run("sample kiln", kiln, "Help/Wikilinks.md")
+            else:
+                print(f"sample kiln not found at ../shared/kilns/{SHARED_KILN.name}: skipped")
+        if not args.skip_generated:
+            kiln = Path(tmp) / "generated"
+            started = time.perf_counter()
+            generate_kiln(kiln, args.notes)
+            print(f"generated {args.notes} notes in {time.perf_counter() - started:.1f}s")
+            run(f"generated {args.notes}", kiln, "area-000/note-00042.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""`cru kiln index | search | info`: thin handlers over kiln.index and kiln.search.
+
+Progress goes to stderr (a prompt-toolkit progress bar on a terminal, plain lines otherwise);
+results and summaries go to stdout, as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from crucible.config import Config, load_config, resolve_kiln
+from crucible.errors import CrucibleError
+from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
+from crucible.kiln.paths import iter_files, iter_markdown
+from crucible.kiln.search import DEFAULT_MODE, SearchMode, SearchResult, run_search
+
+# Plain progress lines: at most one every this many seconds (plus the first and the last).
+PLAIN_EVERY = 2.0
+
+
+def _setup(args: argparse.Namespace) -> tuple[Path, Config]:
+    config = load_config(getattr(args, "config", None))
+    root = resolve_kiln(getattr(args, "kiln", None), config)
+    return root, config
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# index
+
+
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[IndexProgress], None]]:
+    """A prompt-toolkit progress bar on stderr: notes scanned, then chunks embedded (rate, ETA)."""
+    from prompt_toolkit.output import create_output
+    from prompt_toolkit.shortcuts import ProgressBar
+    from prompt_toolkit.shortcuts.progress_bar import formatters as f
+
+    fmt = [
+        f.Label(suffix=": "), f.Percentage(), f.Text(" "), f.Bar(sym_a="#", sym_b="#", sym_c="."),
+        f.Text(" "), f.Progress(), f.Text("  "), f.IterationsPerSecond(), f.Text("/s  eta "),
+        f.TimeLeft(),
+    ]
+    with ProgressBar(title="indexing the kiln", formatters=fmt,
+                     output=create_output(stdout=sys.stderr)) as pb:
+        counters: dict[str, Any] = {}
+
+        def show(p: IndexProgress) -> None:
+            if p.phase == "scan":
+                c = counters.get("scan") or counters.setdefault("scan", pb(label="notes", total=p.notes_total))
+                c.items_completed = p.notes_done
+            else:
+                scan = counters.get("scan")
+                if scan is not None and not scan.done:
+                    scan.items_completed = scan.total or 0
+                    scan.done = True
+                c = counters.get("embed") or counters.setdefault(
+                    "embed", pb(label="chunks", total=p.chunks_total)
+                )
+                c.items_completed = p.chunks_done
+            pb.invalidate()
+
+        yield show
+        for c in counters.values():
+            if c.total is not None:
+                c.items_completed = c.total
+            c.done = True
+
+
+@contextmanager
+def _progress_lines() -> Iterator[Callable[[IndexProgress], None]]:
+    """Plain progress lines on stderr, for logs and pipes."""
+    state: dict[str, float] = {"last": 0.0, "embed_start": time.monotonic()}
+
+    def show(p: IndexProgress) -> None:
+        now = time.monotonic()
+        if p.phase == "scan":
+            state["embed_start"] = now  # embedding starts when scanning ends
+        final = (p.phase == "embed" and p.chunks_done >= p.chunks_total) or (
+            p.phase == "scan" and p.notes_done + 1 >= p.notes_total
+        )
+        if now - state["last"] < PLAIN_EVERY and not final:
+            return
+        state["last"] = now
+        if p.phase == "scan":
+            line = f"index: scanned {min(p.notes_done + 1, p.notes_total)}/{p.notes_total} notes"
+        else:
+            spent = now - state["embed_start"]
+            rate = p.chunks_done / spent if spent > 0 else 0.0
+            eta = (p.chunks_total - p.chunks_done) / rate if rate > 0 else 0.0
+            line = (f"index: embedded {p.chunks_done}/{p.chunks_total} chunks "
+                    f"({rate:.1f}/s, eta {eta:.0f}s)")
+        print(line, file=sys.stderr, flush=True)
+
+    yield show
+
+
+def _summary(report: IndexReport, index: KilnIndex) -> str:
+    lines = []
+    if report.rebuilt:
+        lines.append(f"rebuilt the index: {report.rebuilt}")
+    lines.append(
+        f"indexed {report.notes_indexed} notes ({report.chunks_embedded} chunks embedded, "
+        f"{report.chunks_reused} kept), {report.notes_unchanged} unchanged, "
+        f"{report.notes_removed} removed, in {report.elapsed:.1f}s"
+    )
+    lines.append(f"index: {index.store} ({index.embedder.name})")
+    for label, items in (("skipped", report.skipped), ("indexed with problems", report.degraded)):
+        if items:
+            lines.append(f"{label} ({len(items)}):")
+            lines.extend(f"  {path}: {reason}" for path, reason in items)
+    return "\n".join(lines)
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    root, config = _setup(args)
+    rebuild = bool(getattr(args, "rebuild", False))
+    index = KilnIndex.open(root, config, rebuild=rebuild)
+    try:
+        progress = _progress_bar if sys.stderr.isatty() else _progress_lines
+        with progress() as show:
+            report = index.update(progress=show, rebuild=rebuild)
+        if args.json:
+            _print_json(report.to_json())
+        else:
+            print(_summary(report, index))
+    finally:
+        index.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# search
+
+
+def _format_result(n: int, r: SearchResult) -> str:
+    head = f"{n}. {r.path}"
+    if r.title and r.title != Path(r.path).stem:
+        head += f" — {r.title}"
+    head += f"  ({r.score:g})"
+    lines = [head]
+    where = " > ".join(x for x in (r.heading,) if x)
+    if r.line is not None:
+        where = f"{where}  (line {r.line})" if where else f"line {r.line}"
+    if where:
+        lines.append(f"   § {where}")
+    if r.matches and len(r.matches) > 1:
+        lines.extend(f"   {m.line}: {m.text}" for m in r.matches[:5])
+    elif r.snippet:
+        lines.append(f"   {r.snippet}")
+    return "\n".join(lines)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    root, config = _setup(args)
+    mode: SearchMode = args.mode or DEFAULT_MODE
+    index: KilnIndex | None = None
+    try:
+        if mode in ("semantic", "hybrid"):
+            index = _open_existing(root, config)
+            if index.count_notes() == 0:
+                raise CrucibleError("the kiln's index is empty", "cru kiln index")
+        results = run_search(mode, root, index, args.query, args.limit)
+    finally:
+        if index is not None:
+            index.close()
+    if args.json:
+        _print_json({"results": [r.to_json() for r in results]})
+    elif not results:
+        print("no results", file=sys.stderr)
+    else:
+        print("\n\n".join(_format_result(i + 1, r) for i, r in enumerate(results)))
+    return 0
+
+
+def _open_existing(root: Path, config: Config) -> KilnIndex:
+    """Open the index without creating an embedded store in a kiln that has none."""
+    if not config.index.url and not (root / STORE_DIR).is_dir():
+        raise CrucibleError("the kiln has no index yet", "cru kiln index")
+    return KilnIndex.open(root, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+
+
+def kiln_stats(root: Path) -> dict[str, Any]:
+    total_files = 0
+    total_size = 0
+    for rel in iter_files(root):
+        try:
+            total_size += (root / rel).stat().st_size
+        except OSError:
+            continue
+        total_files += 1
+    return {
+        "name": root.name,
+        "total_files": total_files,
+        "markdown_files": sum(1 for _ in iter_markdown(root)),
+        "total_size_bytes": total_size,
+    }
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    root, config = _setup(args)
+    info = kiln_stats(root)
+    index_info: dict[str, Any]
+    try:
+        index = _open_existing(root, config)
+    except CrucibleError as exc:
+        index_info = {"status": "none", "problem": exc.message, "fix": exc.fix}
+    else:
+        try:
+            status = index.status()
+        except CrucibleError as exc:
+            index_info = {"status": "unusable", "problem": exc.message, "fix": exc.fix}
+        else:
+            index_info = {"status": "needs rebuild" if status.needs_rebuild else
+                          ("stale" if status.stale else "up to date"), **status.model_dump()}
+        finally:
+            index.close()
+    info["index"] = index_info
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"kiln: {info['name']}")
+    print(f"files: {info['total_files']} ({info['markdown_files']} markdown), "
+          f"{info['total_size_bytes']} bytes")
+    if index_info["status"] in ("none", "unusable"):
+        print(f"index: {index_info['problem']} (fix: {index_info['fix']})")
+    else:
+        print(f"index: {index_info['status']}: {index_info['notes']} notes, {index_info['chunks']} "
+              f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
+        if index_info["stale"]:
+            print(f"  {index_info['stale']} notes changed since the last index: cru kiln index")
+        if index_info["needs_rebuild"]:
+            print(f"  {index_info['needs_rebuild']}: cru kiln index")
+    return 0

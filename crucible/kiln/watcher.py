@@ -1,0 +1,83 @@
+"""Keep a kiln's index fresh while a session runs: watch the folder, re-index changed notes.
+
+watchfiles' `awatch` is anyio-based, so it runs on trio as it is; the (blocking) index update
+runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+from watchfiles import Change, awatch
+
+from crucible.errors import CrucibleError
+from crucible.kiln.index import KilnIndex, is_indexable
+from crucible.kiln.paths import to_rel
+
+log = logging.getLogger(__name__)
+
+# How long the folder must stay quiet before a batch of changes is indexed.
+DEBOUNCE_MS = 300
+# watchfiles wakes this often without changes; its first wake-up tells us the watch is armed.
+_ARMED_TIMEOUT_MS = 200
+
+
+def _note_paths(root: Path, changes: set[tuple[Change, str]]) -> list[str]:
+    """The kiln-relative note paths among the changed files (dot-folders like .crucible left out)."""
+    out: set[str] = set()
+    for _, raw in changes:
+        try:
+            rel = to_rel(root, Path(raw))
+        except CrucibleError:
+            continue
+        if rel and is_indexable(rel):
+            out.add(rel)
+    return sorted(out)
+
+
+async def watch_kiln(
+    root: Path,
+    index: KilnIndex,
+    *,
+    on_change: Callable[[list[str]], Awaitable[None]] | None = None,
+    debounce_ms: int = DEBOUNCE_MS,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Re-index notes as they are created, edited, moved or deleted, until cancelled.
+
+    Start it with `await nursery.start(watch_kiln, root, index)`: it returns once the watch is
+    armed, so no edit made after that is missed. `on_change` gets the kiln-relative paths of
+    each batch once the index has them. An update that fails (say, the index is locked by
+    another process) is logged and retried with the next batch, which includes the missed paths.
+    """
+    root = Path(await trio.Path(root).resolve())
+    started = False
+    retry: set[str] = set()
+
+    def wanted(change: Change, path: str) -> bool:
+        return path.lower().endswith(".md")
+
+    async for changes in awatch(
+        root, watch_filter=wanted, debounce=debounce_ms, rust_timeout=_ARMED_TIMEOUT_MS,
+        yield_on_timeout=True,
+    ):
+        if not started:
+            started = True
+            task_status.started()
+        if not changes:  # the periodic wake-up
+            continue
+        paths = sorted(set(_note_paths(root, changes)) | retry)
+        if not paths:
+            continue
+        try:
+            await trio.to_thread.run_sync(index.update_paths, paths)
+        except CrucibleError as exc:
+            retry = set(paths)
+            log.warning("kiln watcher: could not update the index: %s", exc.message)
+            continue
+        retry = set()
+        if on_change is not None:
+            await on_change(paths)
