@@ -12,6 +12,7 @@ import datetime as _dt
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -359,10 +360,17 @@ class CrucibleKilnBackend:
 
 
 def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
-    """The index's `IndexProgress` as the protocol's (done, total, message)."""
+    """The index's `IndexProgress` as the protocol's (done, total, message), at most ~4 a second."""
+    last = [0.0, ""]
 
     def report(p: Any) -> None:
-        if getattr(p, "phase", "") == "embed":
+        now = time.monotonic()
+        phase = getattr(p, "phase", "")
+        done = p.chunks_done >= p.chunks_total if phase == "embed" else p.notes_done >= p.notes_total
+        if now - float(last[0]) < 0.25 and phase == last[1] and not done:
+            return
+        last[:] = [now, phase]
+        if phase == "embed":
             progress(p.chunks_done, p.chunks_total, f"Embedding chunks {p.chunks_done}/{p.chunks_total}")
         else:
             progress(p.notes_done, p.notes_total, f"Reading notes {p.notes_done}/{p.notes_total}")

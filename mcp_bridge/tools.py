@@ -87,6 +87,9 @@ class ToolSpec:
     idempotent: bool = False
     open_world: bool = False
     title: str | None = None
+    # Runs before the time limit starts (the first search waits for the index to load, with
+    # progress notifications, however long a first build takes).
+    prepare: Callable[[ToolContext], Awaitable[None]] | None = None
 
     def to_mcp(self) -> types.Tool:
         return types.Tool(
@@ -219,6 +222,8 @@ async def invoke(
     except ValidationError as err:
         return error_result(_redact(ctx, describe_validation_error(spec.name, spec.args, err)))
     try:
+        if spec.prepare is not None:
+            await spec.prepare(ctx)
         with anyio.fail_after(time_limit):
             result = await spec.handler(ctx, args)
     except TimeoutError:
@@ -493,7 +498,6 @@ def _finite(hits: list[SearchHit]) -> list[SearchHit]:
 
 
 async def _semantic_search(ctx: ToolContext, a: SemanticSearchArgs) -> SearchResults:
-    await ensure_index(ctx)
     return SearchResults(results=_finite(await ctx.run(ctx.kiln.semantic_search, a.query, a.limit)))
 
 
@@ -561,6 +565,7 @@ KILN_TOOLS: tuple[ToolSpec, ...] = (
         "Find notes by meaning (semantic and keyword search combined). Returns notes with the "
         "best matching section and a snippet.",
         SemanticSearchArgs, SearchResults, _semantic_search, read_only=True, idempotent=True,
+        prepare=ensure_index,
     ),
     ToolSpec(
         "text_search",
