@@ -47,6 +47,8 @@ class RawAgent:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _next_id: int = 0
     _eof: bool = False
+    # How to answer permission requests: allow (once) or reject (once), chosen by option kind.
+    allow: bool = True
 
     def __post_init__(self) -> None:
         self._write_lock = threading.Lock()
@@ -92,7 +94,8 @@ class RawAgent:
         if method == "session/request_permission":
             # Option ids differ per agent (claude: allow/allow_always/reject): choose by kind.
             by_kind = {o.get("kind"): o["optionId"] for o in params.get("options", [])}
-            chosen = by_kind.get("allow_once") or by_kind.get("allow_always")
+            wanted = ("allow_once", "allow_always") if self.allow else ("reject_once", "reject_always")
+            chosen = by_kind.get(wanted[0]) or by_kind.get(wanted[1])
             result = ({"outcome": {"outcome": "selected", "optionId": chosen}} if chosen
                       else {"outcome": {"outcome": "cancelled"}})
         elif method == "fs/read_text_file":
@@ -216,14 +219,14 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture
-def start_agent(npm_ready: None, tmp_path: Path, fake_llm: FakeLLM) -> Iterator[Callable[[str], RawAgent]]:
-    """start_agent(name) -> RawAgent, running in a loopback-only network namespace when the
-    machine allows it (with the fake LLM's port forwarded in)."""
+def start_agent(npm_ready: None, tmp_path: Path, fake_llm: FakeLLM) -> Iterator[Callable[..., RawAgent]]:
+    """start_agent(name, **agent_launch_options) -> RawAgent, running in a loopback-only network
+    namespace when the machine allows it (with the fake LLM's port forwarded in)."""
     started: list[RawAgent] = []
 
-    def start(name: str) -> RawAgent:
+    def start(name: str, **launch_options: Any) -> RawAgent:
         home = tmp_path / f"home-{name}"
-        argv, env = agent_env.agent_launch(name, fake_llm.url, home)  # type: ignore[arg-type]
+        argv, env = agent_env.agent_launch(name, fake_llm.url, home, **launch_options)  # type: ignore[arg-type]
         if netns.unavailable_reason() is None:
             argv = netns.wrap(argv, [fake_llm.port])
         stderr_path = tmp_path / f"{name}-stderr.log"

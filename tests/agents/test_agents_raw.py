@@ -2,7 +2,8 @@
 
 For each agent: a text reply streams back as agent_message_chunk updates; and a scripted
 tool call makes the agent run our stdio MCP server's tool (its log proves it ran) and send
-the tool's result to the LLM in its next request.
+the tool's result to the LLM in its next request; and a refused permission keeps the tool
+from running.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _prompt(agent: RawAgent, session_id: str, text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", AGENTS)
 def test_text_reply_streams_as_message_chunks(
-    name: str, start_agent: Callable[[str], RawAgent], fake_llm: FakeLLM, tmp_path: Path
+    name: str, start_agent: Callable[..., RawAgent], fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
     fake_llm.push(Reply.text_reply("The kiln keeps notes linked with wikilinks."))
     agent = start_agent(name)
@@ -56,7 +57,7 @@ def test_text_reply_streams_as_message_chunks(
 
 @pytest.mark.parametrize("name", AGENTS)
 def test_mcp_tool_call_runs_and_its_result_reaches_the_llm(
-    name: str, start_agent: Callable[[str], RawAgent], fake_llm: FakeLLM, tmp_path: Path
+    name: str, start_agent: Callable[..., RawAgent], fake_llm: FakeLLM, tmp_path: Path
 ) -> None:
     log = tmp_path / "mcp-calls.jsonl"
     fake_llm.push(
@@ -80,3 +81,32 @@ def test_mcp_tool_call_runs_and_its_result_reaches_the_llm(
     # through its permission request).
     mentioned = json.dumps(agent.updates()) + json.dumps(agent.agent_requests)
     assert "semantic_search" in mentioned
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_a_refused_permission_keeps_the_tool_from_running(
+    name: str, start_agent: Callable[..., RawAgent], fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    log = tmp_path / "mcp-calls.jsonl"
+    fake_llm.push(Reply.tool_call("semantic_search", {"query": "secret"}), Reply.text_reply("I could not search."))
+    # OpenCode runs MCP tools without asking unless its config says "ask".
+    agent = start_agent(name, **({"opencode_permission": {"crucible_*": "ask"}} if name == "opencode" else {}))
+    agent.allow = False
+    sid = _open_session(agent, tmp_path / "work", [echo_mcp_entry(log, "notes/secret.md")])
+
+    result = _prompt(agent, sid, "Search my notes.")
+
+    assert result["stopReason"] == "end_turn"
+    asked = [r for r in agent.agent_requests if r["method"] == "session/request_permission"]
+    assert len(asked) == 1
+    assert "semantic_search" in json.dumps(asked[0]["params"]["toolCall"])
+    assert not log.exists(), "the tool ran although its permission was refused"
+    if name == "opencode":
+        # OpenCode reports the call failed and ends the turn without asking the LLM again.
+        assert [u["status"] for u in agent.updates("tool_call_update") if "status" in u][-1] == "failed"
+        assert len(fake_llm.main_requests()) == 1
+    else:
+        # Claude and Gemini tell the LLM the call was refused.
+        refusal = " ".join(fake_llm.tool_result_texts()).lower()
+        assert "refused" in refusal or "cancel" in refusal, refusal
+        assert agent.message_text().endswith("I could not search.")
