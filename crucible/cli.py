@@ -42,7 +42,8 @@ def _add_agent(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cru", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="cru", description="Crucible: AI coding agents with your notes (an ACP host with MCP kiln tools).")
     parser.add_argument("--config", metavar="FILE",
                         help="config.toml (default: $CRUCIBLE_CONFIG, $XDG_CONFIG_HOME/crucible/config.toml)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -137,15 +138,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         print(f"cru: `{key.replace('.', ' ')}` is not available in this version yet", file=sys.stderr)
         return 2
-    from crucible.errors import CrucibleError
-
     try:
         return handler(args)
-    except CrucibleError as exc:
-        print(f"cru: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:  # noqa: B036 - trio nurseries wrap errors in groups
+        err = _user_error(exc)
+        if err is None:
+            raise
+        print(f"cru: {err}", file=sys.stderr)
+        return 1
+
+
+def _user_error(exc: BaseException) -> BaseException | None:
+    """The CrucibleError inside `exc` (possibly nested in exception groups), if any."""
+    from crucible.errors import CrucibleError
+
+    if isinstance(exc, CrucibleError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _user_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,402 @@
+"""A Crucible session = agent process + ACP session + its MCP bridge + card + transcript,
+started and torn down as one unit in one trio nursery.
+
+The bridge: every session gets its own `BridgeServer` (kiln tools, its policy, later its
+delegation tools) mounted on the process's one streamable-HTTP endpoint on 127.0.0.1 with
+a per-session bearer token. Agents that advertise `mcpCapabilities.http` get the URL; the
+others get `cru mcp --connect URL` over stdio, which relays to the same mount, so the
+session state is the same whatever the transport.
+
+Permissions: the agent's ACP requests and the bridge's own `ask` tools go through one
+`PermissionPolicy`. When the agent asked (over ACP) for one of our bridge tools and the
+person said yes, the bridge call that follows is pre-approved, so the person is asked at
+most once per call (OpenCode never asks over ACP: then the bridge asks).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from acp_host.registry import AgentSpec
+from acp_host.session import (
+    AcpSession,
+    Decision,
+    Event,
+    MessageChunk,
+    PermissionRequest,
+    PermissionResolved,
+    ThoughtChunk,
+    ToolCallEvent,
+    TurnEnded,
+    UserChunk,
+)
+from crucible.errors import CrucibleError
+from crucible.permissions import (
+    READ_ONLY_BRIDGE_TOOLS,
+    PermissionPolicy,
+    ToolKey,
+    tool_key_from_acp,
+)
+from crucible.session_store import SessionMeta, SessionStore, SessionWriter, new_session_id
+
+if TYPE_CHECKING:
+    from acp_host.client import AcpClient
+    from crucible.cards import Card
+    from crucible.config import Config
+    from mcp_bridge.server import BridgeHTTP, BridgeServer
+
+BRIDGE_NAME = "crucible"
+TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"
+# How long after session/new we still wait for the agent's first tools/list on the bridge.
+# All three real agents list tools *during* session/new, so this is only a small grace.
+BRIDGE_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class PermissionAsk:
+    """A question for the person: may this tool run?"""
+
+    label: str  # provenance, e.g. "claude" or "claude › reviewer"
+    key: ToolKey
+    title: str
+    request: PermissionRequest | None  # None when the bridge asks (no ACP request behind it)
+    arguments: dict[str, Any] | None = None
+
+
+# The person (TUI dialog, -p flags, the editor, or a parent session) answers with a Decision.
+Asker = Callable[[PermissionAsk], Awaitable[Decision]]
+
+
+async def deny_asker(ask: PermissionAsk) -> Decision:
+    return Decision("reject_once", "nobody to ask (no --approve-all)")
+
+
+def approve_all_asker(reason: str = "--approve-all") -> Asker:
+    async def asker(ask: PermissionAsk) -> Decision:
+        return Decision("allow_once", reason)
+
+    return asker
+
+
+def deny_all_asker(reason: str = "--deny-all") -> Asker:
+    async def asker(ask: PermissionAsk) -> Decision:
+        return Decision("reject_once", reason)
+
+    return asker
+
+
+@dataclass
+class SessionOptions:
+    agent: AgentSpec
+    kiln: Path
+    cwd: Path
+    config: Config
+    card: Card | None = None
+    asker: Asker = deny_asker
+    record: Path | None = None
+    extra_mcp_servers: list[dict[str, Any]] = field(default_factory=list)  # e.g. the editor's own
+    extra_env: dict[str, str] = field(default_factory=dict)
+    inactivity_timeout: float = 300.0
+    init_timeout: float = 60.0
+    store: SessionStore | None = None
+    parent_policy: PermissionPolicy | None = None
+    parent_id: str | None = None
+    resume: str | None = None  # a saved Crucible session id
+
+
+class BridgeHost:
+    """The process's one streamable-HTTP endpoint serving every session's bridge."""
+
+    def __init__(self) -> None:
+        self.app: BridgeHTTP | None = None
+        self.port: int | None = None
+        self._backends: dict[Path, Any] = {}
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[BridgeHost]:
+        from mcp_bridge.server import BridgeHTTP, serving_http
+
+        async with BridgeHTTP() as app, serving_http(app, port=0) as port:
+            self.app, self.port = app, port
+            try:
+                yield self
+            finally:
+                self.app = None
+
+    def backend(self, kiln: Path, config: Config) -> Any:
+        """One kiln backend per kiln per process: sessions share its index."""
+        from crucible.kiln_mcp import CrucibleKilnBackend
+
+        key = kiln.resolve()
+        if key not in self._backends:
+            self._backends[key] = CrucibleKilnBackend(key, config)
+        return self._backends[key]
+
+    def url(self, base: str) -> str:
+        return f"http://127.0.0.1:{self.port}{base}/mcp"
+
+
+class CrucibleSession:
+    """One live session. Create with `open_session`."""
+
+    def __init__(self, opts: SessionOptions, policy: PermissionPolicy, writer: SessionWriter) -> None:
+        self.opts = opts
+        self.id = writer.meta.id
+        self.policy = policy
+        self.writer = writer
+        self.label = policy.label
+        self.client: AcpClient | None = None
+        self.acp: AcpSession | None = None
+        self.bridge: BridgeServer | None = None
+        self.bridge_transport = ""
+        self.bridge_listed = trio.Event()
+        self.warnings: list[str] = []
+        self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
+        self._first_prompt = True
+        self._resumed_natively = False  # the agent loaded its own history (session/load|resume)
+
+    # -- permissions ---------------------------------------------------------------------
+    async def on_acp_permission(self, request: PermissionRequest) -> Decision:
+        """The agent asks, over ACP."""
+        call = request.tool_call
+        raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
+        key = tool_key_from_acp(raw)
+        decided = self.policy.decide(key)
+        if decided.rule == "allow":
+            decision = Decision("allow_once", decided.reason)
+        elif decided.rule == "deny":
+            decision = Decision("reject_once", decided.reason)
+        else:
+            ask = PermissionAsk(self.label, key, call.title or key.name, request)
+            decision = await self.opts.asker(ask)
+            if decision.kind == "allow_always":
+                self.policy.remember(key.name, "allow")
+            elif decision.kind == "reject_always":
+                self.policy.remember(key.name, "deny")
+        if key.bridge and decision.kind.startswith("allow"):
+            self._preapproved[key.name] = self._preapproved.get(key.name, 0) + 1
+        return decision
+
+    def bridge_policy(self, tool: str) -> str:
+        return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
+
+    async def bridge_ask(self, tool: str, arguments: dict[str, Any]) -> bool:
+        """The bridge asks for an `ask` tool the agent called without asking us first."""
+        if self._preapproved.get(tool, 0) > 0:
+            self._preapproved[tool] -= 1
+            return True
+        key = ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS, summary=_args_summary(arguments))
+        decision = await self.opts.asker(PermissionAsk(self.label, key, tool, None, arguments))
+        if decision.kind == "allow_always":
+            self.policy.remember(tool, "allow")
+        elif decision.kind == "reject_always":
+            self.policy.remember(tool, "deny")
+        self.writer.append({"type": "permission", "title": tool, "decision": decision.kind,
+                            "reason": decision.reason, "via": "bridge"})
+        return decision.kind.startswith("allow")
+
+    def on_bridge_event(self, event: Any) -> None:
+        if event.kind == "list":
+            self.bridge_listed.set()
+
+    # -- turns ---------------------------------------------------------------------------
+    def prompt_blocks(self, text: str, extra_blocks: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The card's body goes first in the first prompt, so the agent's prompt cache can reuse it."""
+        blocks: list[dict[str, Any]] = []
+        if self._first_prompt:
+            preamble = self._preamble()
+            if preamble:
+                blocks.append({"type": "text", "text": preamble})
+        blocks.append({"type": "text", "text": text})
+        blocks.extend(extra_blocks or [])
+        return blocks
+
+    def _preamble(self) -> str:
+        parts = []
+        card = self.opts.card
+        if card is not None and card.body:
+            parts.append(f"<instructions card=\"{card.name}\">\n{card.body}\n</instructions>")
+        if self.opts.resume and self.opts.store is not None and not self._resumed_natively:
+            history = self.opts.store.history_as_context(self.opts.resume)
+            if history:
+                parts.append(f"<previous_conversation>\n{history}\n</previous_conversation>")
+        return "\n\n".join(parts)
+
+    async def prompt(self, text: str, extra_blocks: list[dict[str, Any]] | None = None) -> TurnEnded:
+        assert self.acp is not None
+        blocks = self.prompt_blocks(text, extra_blocks)
+        self._first_prompt = False
+        self.writer.append({"type": "user_message", "text": text})
+        if not self.writer.meta.title:
+            self.writer.meta.title = text.strip().splitlines()[0][:80] if text.strip() else ""
+        return await self.acp.prompt(blocks)
+
+    async def cancel(self) -> None:
+        if self.acp is not None:
+            await self.acp.cancel()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event of the session, in order; each is also written to the transcript."""
+        assert self.acp is not None
+        async for event in self.acp.events:
+            self.record(event)
+            yield event
+
+    def record(self, event: Event) -> None:
+        w = self.writer
+        if isinstance(event, MessageChunk):
+            w.append({"type": "agent_message", "text": event.text})
+        elif isinstance(event, ThoughtChunk):
+            w.append({"type": "agent_thought", "text": event.text})
+        elif isinstance(event, UserChunk):
+            w.append({"type": "history_user_message", "text": event.text})
+        elif isinstance(event, ToolCallEvent):
+            c = event.call
+            if c.status in ("completed", "failed") or event.created:
+                w.append({"type": "tool_call", "id": c.tool_call_id, "title": c.title, "kind": c.kind,
+                          "status": c.status})
+        elif isinstance(event, PermissionResolved):
+            w.append({"type": "permission", "title": event.request.tool_call.title,
+                      "decision": event.decision.kind if event.decision else event.outcome.get("outcome"),
+                      "reason": event.decision.reason if event.decision else event.note})
+        elif isinstance(event, TurnEnded):
+            w.append({"type": "turn_end", "stop_reason": event.stop_reason, "error": event.error})
+        elif type(event).__name__ == "PlanChanged":
+            w.append({"type": "plan", "entries": [e.model_dump(mode="json") for e in event.entries]})  # type: ignore[union-attr]
+        elif type(event).__name__ == "SessionError":
+            w.append({"type": "error", "message": event.message})  # type: ignore[union-attr]
+
+
+def _args_summary(arguments: dict[str, Any]) -> str:
+    for key in ("path", "query", "target"):
+        if isinstance(arguments.get(key), str):
+            return str(arguments[key])[:160]
+    return ""
+
+
+def _bridge_entry(client: AcpClient, url: str, token: str) -> dict[str, Any]:
+    caps = client.capabilities
+    mcp_caps = getattr(caps, "mcp_capabilities", None)
+    if mcp_caps is not None and getattr(mcp_caps, "http", False):
+        # Always send headers (gemini maps over it unguarded).
+        return {"type": "http", "name": BRIDGE_NAME, "url": url,
+                "headers": [{"name": "Authorization", "value": f"Bearer {token}"}]}
+    # Never put "type": "stdio" on a stdio entry (claude-agent-acp reads any `type` as http);
+    # always send args and env (SDK-based agents drop entries without them).
+    return {"name": BRIDGE_NAME, "command": sys.executable,
+            "args": ["-m", "crucible.cli", "mcp", "--connect", url],
+            "env": [{"name": TOKEN_ENV, "value": token}]}
+
+
+def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
+    """One clear message with the fix for an agent that cannot start or refuses us."""
+    from acp_host.registry import auth_hint, install_hint
+
+    text = str(exc)
+    lowered = text.lower()
+    if "auth" in lowered or "api key" in lowered or "login" in lowered:
+        return CrucibleError(f"the agent {spec.name} needs you to log in: {_first_line(text)}", auth_hint(spec.name))
+    if isinstance(exc, FileNotFoundError) or "not found" in lowered or "no such file" in lowered:
+        return CrucibleError(f"the agent {spec.name} is not installed or not on PATH ({spec.display()})",
+                             install_hint(spec.name))
+    return CrucibleError(f"the agent {spec.name} could not start a session: {text}",
+                         f"run `cru doctor` to check the agent; the command was `{spec.display()}`")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+@asynccontextmanager
+async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[CrucibleSession]:
+    """Start the agent, its bridge and its ACP session; tear all of them down on exit."""
+    from acp_host.client import connect_agent
+    from acp_host.jsonrpc import JsonRpcError
+    from acp_host.process import AgentStartError
+    from crucible.kiln_mcp import INSTRUCTIONS
+    from mcp_bridge.server import BridgeServer, new_token
+
+    assert host.app is not None, "BridgeHost must be running"
+    store = opts.store or SessionStore()
+    opts.store = store
+    card_rules = opts.card.tools if opts.card else {}
+    card_name = opts.card.name if opts.card else None
+    if opts.parent_policy is not None:
+        policy = opts.parent_policy.child(card_rules, card_name or opts.agent.name)
+    else:
+        label = f"{opts.agent.name} › {card_name}" if card_name else opts.agent.name
+        policy = PermissionPolicy(card_rules=dict(card_rules), config_rules=dict(opts.config.permissions),
+                                  card_name=card_name, label=label)
+    meta = SessionMeta(id=new_session_id(), agent=opts.agent.name, created=time.time(), updated=time.time(),
+                       cwd=str(opts.cwd), kiln=str(opts.kiln), card=card_name, parent=opts.parent_id)
+    writer = store.create(meta)
+    session = CrucibleSession(opts, policy, writer)
+
+    bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
+                          policy=session.bridge_policy,  # type: ignore[arg-type]
+                          ask=session.bridge_ask, observer=session.on_bridge_event,
+                          extra={"session": session})
+    session.bridge = bridge
+    token = new_token()
+    base = f"/s/{session.id}"
+    await host.app.mount(bridge, token=token, base=base)
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                client = await connect_agent(
+                    nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
+                    name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record,
+                )
+            except (AgentStartError, OSError) as exc:
+                raise explain_start_failure(opts.agent, exc) from None
+            session.client = client
+            try:
+                entry = _bridge_entry(client, host.url(base), token)
+                session.bridge_transport = "http" if "url" in entry else "stdio"
+                servers = [entry, *opts.extra_mcp_servers]
+                acp = await _start_acp_session(session, client, servers)
+                session.acp = acp
+                writer.meta.agent_session_id = acp.session_id
+                writer.save_meta()
+                with trio.move_on_after(BRIDGE_GRACE):
+                    await session.bridge_listed.wait()
+                if not session.bridge_listed.is_set():
+                    msg = (f"the agent never listed the kiln tools on the crucible bridge "
+                           f"({session.bridge_transport}); it will run without them")
+                    session.warnings.append(msg)
+                    writer.append({"type": "warning", "message": msg})
+                yield session
+            except JsonRpcError as exc:
+                raise explain_start_failure(opts.agent, exc) from None
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        host.app.unmount(base) if host.app is not None else None
+        writer.close()
+
+
+async def _start_acp_session(session: CrucibleSession, client: AcpClient, servers: list[dict[str, Any]]) -> AcpSession:
+    opts = session.opts
+    kw: dict[str, Any] = {"policy": session.on_acp_permission, "inactivity_timeout": opts.inactivity_timeout}
+    if opts.resume and opts.store is not None:
+        old = opts.store.meta(opts.resume)
+        caps = client.capabilities
+        session_caps = getattr(caps, "session_capabilities", None)
+        if old.agent_session_id and old.agent == opts.agent.name:
+            if session_caps is not None and getattr(session_caps, "resume", None) is not None:
+                session._resumed_natively = True
+                return await client.resume_session(old.agent_session_id, opts.cwd, servers, **kw)
+            if getattr(caps, "load_session", False):
+                session._resumed_natively = True
+                return await client.load_session(old.agent_session_id, opts.cwd, servers, **kw)
+    return await client.new_session(opts.cwd, servers, **kw)
