@@ -1,0 +1,79 @@
+"""The three searches through `cru mcp` over stdio, on the real index (Chroma + the ONNX embedder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import LeakCheck, stdio_client, texts
+
+HIT_KEYS = {"path", "title", "score", "heading", "snippet"}
+
+pytestmark = pytest.mark.slow  # the first search builds the index of the sample kiln
+
+
+async def test_searches_on_the_real_index(cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str],
+                                          tmp_path: Path) -> None:
+    leak = LeakCheck(tmp_path, mcp_kiln)
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append((p, total, message))
+
+    async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+        r = leak(await c.call_tool("get_kiln_stats", {}))
+        assert r.structured_content is not None and r.structured_content["index"] == {"opened": False}
+
+        # a paraphrase that shares few words with the note
+        r = leak(await c.call_tool("semantic_search", {
+            "query": "the collector process kept using more and more RAM until the Pi was swapping",
+            "limit": 3}, progress_callback=on_progress))
+        assert not r.is_error, texts(r)
+        sc = r.structured_content
+        assert sc is not None and json.loads(texts(r)) == sc
+        assert set(sc) == {"results"} and 1 <= len(sc["results"]) <= 3
+        assert all(set(hit) == HIT_KEYS for hit in sc["results"])
+        assert sc["results"][0]["path"] == "Projects/Lantern/Bugs/Memory leak in the sensor poller.md"
+        assert sc["results"][0]["title"] == "Memory leak in the sensor poller"
+        assert progress and progress[0][2] == "Opening the kiln's search index (first search)"
+        assert any(m and m.startswith("Embedding chunks") for _, _, m in progress)
+        assert progress[-1][2] is not None and progress[-1][2].startswith("Search index ready")
+
+        r = leak(await c.call_tool("text_search", {"query": "sqlite", "limit": 5}))
+        sc = r.structured_content
+        assert sc is not None and json.loads(texts(r)) == sc
+        assert all(set(hit) == HIT_KEYS for hit in sc["results"])
+        paths = [h["path"] for h in sc["results"]]
+        assert "Projects/Lantern/Decisions/ADR-001 Use SQLite for readings.md" in paths
+        r = leak(await c.call_tool("text_search", {"query": "SQL(ite)? ", "case_sensitive": True, "regex": True,
+                                                   "limit": 50}))
+        assert r.structured_content is not None and r.structured_content["results"]
+        assert all("SQL" in h["snippet"] for h in r.structured_content["results"])
+        r = leak(await c.call_tool("text_search", {"query": "([unclosed", "regex": True}))
+        assert r.is_error and "invalid regular expression" in texts(r)
+
+        r = leak(await c.call_tool("property_search", {"query": "tag:project", "limit": 10}))
+        sc = r.structured_content
+        assert sc is not None and json.loads(texts(r)) == sc
+        assert "Projects/Lantern/Overview.md" in [h["path"] for h in sc["results"]]
+        assert all(set(hit) == HIT_KEYS for hit in sc["results"])
+        r = leak(await c.call_tool("property_search", {"tag": "bread", "limit": 10}))
+        assert r.structured_content is not None
+        assert "Cooking/Sourdough starter.md" in [h["path"] for h in r.structured_content["results"]]
+        r = leak(await c.call_tool("property_search", {"limit": 3}))
+        assert r.is_error and "give 'query', or at least one of 'key', 'value', 'tag'" in texts(r)
+
+        # a note deleted between the search and the read
+        r = leak(await c.call_tool("semantic_search", {"query": "sourdough starter feeding", "limit": 1}))
+        assert r.structured_content is not None
+        found = r.structured_content["results"][0]["path"]
+        (mcp_kiln / found).unlink()
+        r = leak(await c.call_tool("read_note", {"path": found}))
+        assert r.is_error and texts(r).startswith(f"Note not found: '{found}'")
+
+        r = leak(await c.call_tool("get_kiln_stats", {}))
+        assert r.structured_content is not None
+        index = r.structured_content["index"]
+        assert index["opened"] is True and index["notes"] >= 30 and index["chunks"] > index["notes"]
+    leak.check()
