@@ -46,6 +46,10 @@ def build_options(args: argparse.Namespace) -> Any:
                              agent_command=getattr(args, "agent_command", None), profiles=config.agents)
     except AgentRegistryError as exc:
         raise CrucibleError(exc.message, exc.fix) from None
+    if not spec.found:
+        from acp_host.registry import install_hint
+
+        raise CrucibleError(f"the agent {spec.name} is not installed ({spec.source})", install_hint(spec.name))
     if getattr(args, "approve_all", False):
         asker = approve_all_asker()
     elif getattr(args, "deny_all", False):

