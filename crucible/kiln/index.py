@@ -219,6 +219,7 @@ class Bm25:
 class LexicalNote:
     title: str
     chunks: list[StoredChunk] = field(default_factory=list)
+    counts: list[Counter[str]] | None = None  # each chunk's terms, made on first need
 
 
 class LexicalIndex:
@@ -251,8 +252,9 @@ class LexicalIndex:
             return None
         terms = set(tokenize(query))
         best, best_score = note.chunks[0], 0.0
-        for c in note.chunks:
-            counts = Counter(tokenize(c.text))
+        if note.counts is None:
+            note.counts = [Counter(tokenize(c.text)) for c in note.chunks]
+        for c, counts in zip(note.chunks, note.counts, strict=True):
             score = sum(self.bm25.idf(t) * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
             if score > best_score:
                 best, best_score = c, score
@@ -694,33 +696,33 @@ class KilnIndex:
     def embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
 
-    def query_chunks(self, vector: np.ndarray, k: int) -> list[StoredChunk]:
-        """The k chunks nearest to `vector`, best first (score = cosine similarity)."""
-        self._check_usable()
-        with _store_errors(self.root, self.store, "searching it"):
-            n = min(k, int(self._chunks.count()))
-            if n == 0:
-                return []
-            res = self._chunks.query(
-                query_embeddings=[vector], n_results=n, include=["metadatas", "documents", "distances"]
-            )
-        return [
-            _stored(m, d, 1.0 - float(dist))
-            for m, d, dist in zip(res["metadatas"][0], res["documents"][0], res["distances"][0], strict=True)
-        ]
+    # Queries ask Chroma for ids and distances only: fetching metadata costs ~0.1 ms a row,
+    # so rows are read just for the few results shown (chunks_by_id).
 
-    def query_notes(self, vector: np.ndarray, k: int) -> list[tuple[str, str, float]]:
-        """The k notes whose note vector is nearest: (path, title, cosine similarity)."""
+    def query_chunks(self, vector: np.ndarray, k: int) -> list[tuple[str, str, float]]:
+        """The k chunks nearest to `vector`, best first: (chunk id, note path, cosine similarity)."""
+        res = self._query(self._chunks, vector, k)
+        return [(i, chunk_path(i), s) for i, s in res]
+
+    def query_notes(self, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """The k notes whose note vector is nearest: (path, cosine similarity), best first."""
+        return self._query(self._notes, vector, k)
+
+    def _query(self, collection: Any, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
         self._check_usable()
         with _store_errors(self.root, self.store, "searching it"):
-            n = min(k, int(self._notes.count()))
-            if n == 0:
-                return []
-            res = self._notes.query(query_embeddings=[vector], n_results=n, include=["metadatas", "distances"])
-        return [
-            (str(m["path"]), str(m.get("title", "")), 1.0 - float(dist))
-            for m, dist in zip(res["metadatas"][0], res["distances"][0], strict=True)
-        ]
+            res = collection.query(query_embeddings=[vector], n_results=k, include=["distances"])
+        return [(i, 1.0 - float(d)) for i, d in zip(res["ids"][0], res["distances"][0], strict=True)]
+
+    def chunks_by_id(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        if not ids:
+            return {}
+        with _store_errors(self.root, self.store, "reading it"):
+            got = self._chunks.get(ids=list(ids), include=["metadatas", "documents"])
+        return {
+            i: _stored(m, d, 0.0)
+            for i, m, d in zip(got["ids"], got["metadatas"], got["documents"], strict=True)
+        }
 
     def note_vectors(self, paths: Sequence[str]) -> dict[str, np.ndarray]:
         if not paths:
@@ -770,6 +772,11 @@ class KilnIndex:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def chunk_path(chunk_id: str) -> str:
+    """The note path of a chunk id ("path#ordinal", see chunking.Chunk.id)."""
+    return chunk_id.rpartition("#")[0]
 
 
 def _stored(meta: Any, doc: Any, score: float) -> StoredChunk:

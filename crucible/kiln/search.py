@@ -39,7 +39,7 @@ SearchMode = Literal["hybrid", "semantic", "text", "property"]
 DEFAULT_MODE: SearchMode = "hybrid"
 
 # Weight of the best chunk against the note vector in the semantic score (bench/search.py).
-CHUNK_WEIGHT = 0.5
+CHUNK_WEIGHT = 0.3
 # Reciprocal-rank fusion constant (the usual 60) and how deep each ranking goes into the fusion.
 RRF_K = 60
 FUSION_DEPTH = 50
@@ -118,55 +118,77 @@ def _stem(path: str) -> str:
 
 
 @dataclass
-class _Dense:
+class Dense:
+    """A note found by meaning."""
+
     path: str
-    title: str
-    chunk_sim: float | None  # best chunk's similarity, when a retrieved chunk was the note's
-    note_sim: float | None
-    best: StoredChunk | None
+    chunk_sim: float | None  # its best chunk's similarity, if one of its chunks was retrieved
+    chunk_id: str | None
+    note_sim: float | None  # its note vector's similarity
 
 
 def dense_ranking(
     index: KilnIndex, vector: np.ndarray, depth: int, chunk_weight: float = CHUNK_WEIGHT
-) -> list[tuple[_Dense, float]]:
+) -> list[tuple[Dense, float]]:
     """Notes ranked by meaning: chunk_weight * best chunk + (1 - chunk_weight) * note vector.
 
     Chunks and note vectors are each retrieved from Chroma; a note found one way gets its other
-    similarity exactly (note vectors are fetched) or bounded (a note none of whose chunks made
-    the top list scores at most the last retrieved chunk)."""
+    similarity exactly (its note vector is fetched) or bounded (a note none of whose chunks
+    made the list scores at most the last chunk retrieved)."""
     chunks = index.query_chunks(vector, max(60, 3 * depth))
     notes = index.query_notes(vector, max(30, 2 * depth))
-    found: dict[str, _Dense] = {}
-    for c in chunks:  # best first: the first chunk of a note is its best
-        if c.path not in found:
-            found[c.path] = _Dense(c.path, c.title, c.score, None, c)
-    for path, title, sim in notes:
-        d = found.setdefault(path, _Dense(path, title, None, None, None))
-        d.note_sim = sim
+    found: dict[str, Dense] = {}
+    for chunk_id, path, sim in chunks:  # best first: a note's first chunk is its best
+        if path not in found:
+            found[path] = Dense(path, sim, chunk_id, None)
+    for path, sim in notes:
+        found.setdefault(path, Dense(path, None, None, None)).note_sim = sim
     missing = [p for p, d in found.items() if d.note_sim is None]
     for path, vec in index.note_vectors(missing).items():
         found[path].note_sim = float(np.dot(vec, vector))
-    floor = chunks[-1].score if chunks else 0.0
+    floor = chunks[-1][2] if chunks else 0.0
     ranked = []
     for d in found.values():
         chunk_sim = d.chunk_sim if d.chunk_sim is not None else floor
-        score = chunk_weight * chunk_sim + (1.0 - chunk_weight) * (d.note_sim or 0.0)
-        ranked.append((d, score))
+        ranked.append((d, chunk_weight * chunk_sim + (1.0 - chunk_weight) * (d.note_sim or 0.0)))
     ranked.sort(key=lambda r: (-r[1], r[0].path))
     return ranked[:depth]
 
 
-def _fill_best(index: KilnIndex, dense: list[_Dense], vector: np.ndarray) -> None:
-    """Find the best chunk of notes that came in by their note vector only."""
-    need = [d.path for d in dense if d.best is None]
-    for path, chunks in index.note_chunks(need, embeddings=True).items():
+def _best_chunks(
+    index: KilnIndex, paths: list[str], dense: dict[str, Dense], vector: np.ndarray, query: str
+) -> dict[str, StoredChunk]:
+    """The snippet chunk of each result: its best retrieved chunk; else, for a note found by its
+    note vector, its chunk nearest the query; else (found by words only) its best BM25 chunk."""
+    by_id = {d.chunk_id: d.path for p in paths if (d := dense.get(p)) and d.chunk_id}
+    out = {by_id[i]: c for i, c in index.chunks_by_id(list(by_id)).items()}
+    by_vector = [p for p in paths if p not in out and p in dense]
+    for path, chunks in index.note_chunks(by_vector, embeddings=True).items():
         scored = [(float(np.dot(c.embedding, vector)), c) for c in chunks if c.embedding is not None]
         if scored:
-            sim, best = max(scored, key=lambda s: s[0])
-            best.score = sim
-            for d in dense:
-                if d.path == path:
-                    d.best = best
+            out[path] = max(scored, key=lambda s: s[0])[1]
+    for path in paths:
+        if path not in out:
+            best = index.lexical().best_chunk(path, query)
+            if best is not None:
+                out[path] = best
+    return out
+
+
+def _results(
+    index: KilnIndex, ranked: list[tuple[str, float]], dense: dict[str, Dense], vector: np.ndarray,
+    query: str,
+) -> list[SearchResult]:
+    best = _best_chunks(index, [p for p, _ in ranked], dense, vector, query)
+    results = []
+    for path, score in ranked:
+        chunk = best.get(path)
+        if chunk is None:  # a note with no stored chunk (not in a complete index)
+            results.append(SearchResult(path=path, title=_stem(path), score=round(score, 4),
+                                        heading=None, snippet=""))
+        else:
+            results.append(_from_chunk(chunk, score, query))
+    return results
 
 
 def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchResult]:
@@ -174,22 +196,8 @@ def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[Searc
     _check(query, limit)
     vector = index.embed_query(query)
     ranked = dense_ranking(index, vector, limit)
-    _fill_best(index, [d for d, _ in ranked], vector)
-    return [_result(d.path, d.title, score, d.best, index, query) for d, score in ranked]
-
-
-def _result(
-    path: str, title: str, score: float, best: StoredChunk | None, index: KilnIndex, query: str
-) -> SearchResult:
-    if best is None:
-        best = index.lexical().best_chunk(path, query)
-    if best is None:
-        return SearchResult(path=path, title=title or _stem(path), score=round(score, 4),
-                            heading=None, snippet="")
-    result = _from_chunk(best, score, query)
-    if title:
-        result.title = title
-    return result
+    dense = {d.path: d for d, _ in ranked}
+    return _results(index, [(d.path, score) for d, score in ranked], dense, vector, query)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,22 +225,12 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchR
     _check(query, limit)
     vector = index.embed_query(query)
     depth = max(FUSION_DEPTH, limit)
-    dense = dense_ranking(index, vector, depth)
+    ranked = dense_ranking(index, vector, depth)
     lexical = lexical_ranking(index, query, depth)
-    top = rrf([[d.path for d, _ in dense], [p for p, _ in lexical]])[:limit]
-    by_path = {d.path: d for d, _ in dense}
-    lex = index.lexical()
-    best_scale = 2.0 / (RRF_K + 1)
-    results = []
-    for path, score in top:
-        hit = by_path.get(path)
-        best = hit.best if hit is not None else None
-        if best is None:
-            best = lex.best_chunk(path, query)
-        note = lex.notes.get(path)
-        title = (hit.title if hit is not None else "") or (note.title if note is not None else "")
-        results.append(_result(path, title, score / best_scale, best, index, query))
-    return results
+    top = rrf([[d.path for d, _ in ranked], [p for p, _ in lexical]])[:limit]
+    scale = 2.0 / (RRF_K + 1)
+    dense = {d.path: d for d, _ in ranked}
+    return _results(index, [(p, score / scale) for p, score in top], dense, vector, query)
 
 
 # ---------------------------------------------------------------------------------------------

