@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RawAgent, echo_mcp_entry
+from agents_raw_driver import RawAgent, echo_mcp_entry
 from fake_llm import FakeLLM, Reply
 
 AGENTS = ["claude", "opencode", "gemini"]
