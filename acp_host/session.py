@@ -397,7 +397,7 @@ class _Turn:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _PendingPermission:
     request: PermissionRequest
     turn: _Turn
@@ -579,12 +579,13 @@ class AcpSession:
             note = "no turn in progress" if turn is None or turn.done else "the turn was cancelled"
             await self._emit(PermissionResolved(request, dict(CANCELLED_OUTCOME), None, note))
             return {"outcome": dict(CANCELLED_OUTCOME)}
-        await self._emit(PermissionRequested(request))
+        # Registered before the event goes out: a consumer may cancel as soon as it sees it.
         pending = _PendingPermission(request, turn)
         self._pending.add(pending)
         self._busy += 1
         decision: Decision | None = None
         try:
+            await self._emit(PermissionRequested(request))
             with pending.scope:
                 decision = await self._ask_policy(pending)
         finally:
