@@ -19,6 +19,8 @@ import netns
 import pytest
 from fake_llm import EXHAUSTED_TEXT, FakeLLM, Reply
 
+from acp_host.registry import resolve_agent
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 TOOLS_ANTHROPIC = [{"name": "Bash", "input_schema": {}}, {"name": "mcp__crucible__semantic_search", "input_schema": {}}]
 TOOLS_OPENAI = [{"type": "function", "function": {"name": "crucible_semantic_search", "parameters": {}}}]
@@ -216,6 +218,8 @@ def test_agent_env_builds_a_fresh_home_for_each_agent(tmp_path: Path, monkeypatc
     assert env["ANTHROPIC_BASE_URL"] == url and env["ANTHROPIC_API_KEY"] != "the-persons-real-key"
     assert env["CLAUDE_CODE_MAX_RETRIES"] == "0" and env["HOME"] == str(tmp_path / "claude")
     assert (env.get("IS_SANDBOX") == "1") == (os.geteuid() == 0)
+    # A host run with this env resolves the built-in to the same npm install.
+    assert resolve_agent("claude", path=env["PATH"]).command == str(Path(argv[1]).parents[3] / ".bin" / "claude-agent-acp")
     argv, env = agent_env.agent_launch("opencode", url, tmp_path / "opencode")
     assert argv[1:] == ["acp"] and Path(argv[0]).is_file()
     provider = json.loads(env["OPENCODE_CONFIG_CONTENT"])["provider"]["fake"]
