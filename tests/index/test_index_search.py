@@ -1,0 +1,154 @@
+"""Search over a real index of small kilns: note-level results, snippets with headings,
+text search with line numbers, property search, and bad queries."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crucible.config import Config
+from crucible.errors import CrucibleError
+from crucible.kiln.index import Bm25, KilnIndex, tokenize
+from crucible.kiln.search import (
+    hybrid_search,
+    property_search,
+    semantic_search,
+    snippet,
+    text_search,
+)
+
+
+@pytest.fixture
+def tiny_index(tiny_kiln: Path) -> Iterator[KilnIndex]:
+    ix = KilnIndex.open(tiny_kiln, Config())
+    ix.update()
+    yield ix
+    ix.close()
+
+
+@pytest.fixture(scope="module")
+def fixture_index(tmp_path_factory: pytest.TempPathFactory, fixture_kiln_src: Path) -> Iterator[KilnIndex]:
+    """The project's fixture kiln, indexed once for the module (read-only use)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("fixture") / "kiln"
+    shutil.copytree(fixture_kiln_src, root, ignore=shutil.ignore_patterns(".crucible"))
+    ix = KilnIndex.open(root, Config())
+    ix.update()
+    yield ix
+    ix.close()
+
+
+QUERIES = json.loads((Path(__file__).parents[1] / "kiln_core" / "queries.json").read_text())
+
+
+@pytest.mark.parametrize("pair", QUERIES, ids=[q["expected"] for q in QUERIES])
+def test_hybrid_finds_the_note_for_a_paraphrase(fixture_index: KilnIndex, pair: dict[str, str]) -> None:
+    results = hybrid_search(fixture_index, pair["query"], 5)
+    assert pair["expected"] in [r.path for r in results]
+
+
+def test_results_are_notes_with_their_best_section(tiny_index: KilnIndex) -> None:
+    for search in (semantic_search, hybrid_search):
+        results = search(tiny_index, "chili flakes and garlic warmed in oil", 10)
+        assert len({r.path for r in results}) == len(results) == 3  # one result per note
+        top = results[0]
+        assert top.path == "Cooking/Pasta.md" and top.title == "Pasta night"
+        assert top.heading == "Pasta night > Sauce"
+        assert top.snippet.startswith("Garlic, olive oil") and "Pasta night >" not in top.snippet
+        assert top.line == 11  # the section's first content line, 1-based
+        assert (tiny_index.root / top.path).read_text().splitlines()[top.line - 1].startswith("Garlic")
+        assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
+    assert hybrid_search(tiny_index, "chili flakes and garlic warmed in oil", 10)[0].score == 1.0
+
+
+def test_search_after_edit_and_json_shape(tiny_index: KilnIndex, tiny_kiln: Path) -> None:
+    (tiny_kiln / "Links.md").write_text("# Linking notes\n\nPhotosynthesis turns sunlight into sugar.\n")
+    tiny_index.update()
+    r = hybrid_search(tiny_index, "how plants make food from light", 1)[0]
+    assert r.path == "Links.md"
+    assert set(r.to_json()) == {"path", "title", "score", "heading", "snippet", "line"}
+
+
+def test_empty_query_and_bad_limit(tiny_index: KilnIndex, tiny_kiln: Path) -> None:
+    with pytest.raises(CrucibleError, match="empty"):
+        hybrid_search(tiny_index, "  ", 5)
+    with pytest.raises(CrucibleError, match="limit"):
+        semantic_search(tiny_index, "pasta", 0)
+    with pytest.raises(CrucibleError, match="empty"):
+        text_search(tiny_kiln, "")
+
+
+def test_text_search_literal_regex_case(tiny_kiln: Path) -> None:
+    hits = text_search(tiny_kiln, "GARLIC")
+    assert [h.path for h in hits] == ["Cooking/Pasta.md"]
+    assert hits[0].line == 11 and hits[0].matches and hits[0].matches[0].text.startswith("Garlic")
+    assert hits[0].heading == "Pasta night > Sauce"
+    assert text_search(tiny_kiln, "GARLIC", case_sensitive=True) == []
+    # literal: regex characters are just text
+    assert text_search(tiny_kiln, "[[Cooking/Pasta|wikilinks]]")[0].path == "Links.md"
+    assert text_search(tiny_kiln, "a.d") == []
+    regex = text_search(tiny_kiln, r"^## \w+", regex=True)
+    assert regex[0].path == "Cooking/Pasta.md" and regex[0].score == 2
+    assert [m.line for m in regex[0].matches or []] == [9, 13]
+    with pytest.raises(CrucibleError) as err:
+        text_search(tiny_kiln, "(unclosed", regex=True)
+    assert "invalid regular expression" in err.value.message
+
+
+def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path) -> None:
+    (tiny_kiln / "bin.md").write_bytes(b"\x00\x01 leaves leaves")
+    (tiny_kiln / "More.md").write_text("leaves\nleaves again\nno\n")
+    (tiny_kiln / ".crucible").mkdir()
+    (tiny_kiln / ".crucible" / "hidden.md").write_text("leaves")
+    hits = text_search(tiny_kiln, "leaves")
+    assert [h.path for h in hits] == ["More.md", "Garden/Compost.md"]
+    assert [m.line for m in hits[0].matches or []] == [1, 2]
+    # the cache sees edits
+    (tiny_kiln / "More.md").write_text("nothing here\n")
+    assert [h.path for h in text_search(tiny_kiln, "leaves")] == ["Garden/Compost.md"]
+
+
+def test_property_search(tiny_kiln: Path) -> None:
+    def found(*args: str | None, **kw: str) -> list[str]:
+        return [r.path for r in property_search(tiny_kiln, *args, **kw)]
+
+    assert found("status:draft") == ["Cooking/Pasta.md"]
+    assert found(key="status", value="DONE") == ["Garden/Compost.md"]
+    assert found(key="status") == ["Cooking/Pasta.md", "Garden/Compost.md"]
+    assert found("#food") == ["Cooking/Pasta.md"]
+    assert found(tag="meta") == ["Links.md"]  # an inline tag
+    assert found("tag:quick") == ["Cooking/Pasta.md"]
+    assert found("garden") == ["Garden/Compost.md"]  # a bare word: key, value or tag
+    assert found("status:draft", tag="garden") == []
+    r = property_search(tiny_kiln, "status:draft")[0]
+    assert r.snippet == "status: draft" and r.line == 3 and r.title == "Pasta night"
+    (tiny_kiln / "Nested.md").write_text("---\ntags: [food/baking]\n---\n# Bread\n")
+    assert found("#food") == ["Cooking/Pasta.md", "Nested.md"]
+    with pytest.raises(CrucibleError):
+        property_search(tiny_kiln)
+
+
+def test_bm25_add_remove_and_ranking() -> None:
+    bm = Bm25()
+    bm.add("a", tokenize("the cat sat on the mat"))
+    bm.add("b", tokenize("dogs chase cats in the park"))
+    bm.add("c", tokenize("stock markets fell sharply"))
+    assert {d for d, _ in bm.search(tokenize("cats"), 5)} == {"a", "b"}  # cats ~ cat
+    assert bm.search(tokenize("market"), 5)[0][0] == "c"  # stemmed: markets ~ market
+    bm.add("c", tokenize("nothing about finance"))  # re-adding replaces
+    assert bm.search(tokenize("market"), 5) == []
+    bm.remove("a")
+    bm.remove("a")
+    assert len(bm) == 2 and [d for d, _ in bm.search(tokenize("cat"), 5)] == ["b"]
+    assert tokenize("The Linking of Notes") == ["link", "note"]
+
+
+def test_snippet_centres_on_the_query() -> None:
+    text = "intro words " * 50 + "the important garlic sentence is here " + "tail " * 50
+    s = snippet(text, "garlic")
+    assert "garlic" in s and s.startswith("… ") and s.endswith(" …") and len(s) <= 310
+    assert snippet("short text\n\nwith lines", "x") == "short text with lines"
