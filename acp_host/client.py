@@ -69,8 +69,38 @@ def _parse(model: type[M], method: str, result: Any) -> M:
         raise AcpProtocolError(f"the agent's answer to {method} is not valid ACP: {where}: {first['msg']}") from None
 
 
+_MCP_MODELS: dict[str, type[BaseModel]] = {
+    "http": schema.HttpMcpServer,
+    "sse": schema.SseMcpServer,
+    "acp": schema.AcpMcpServer,
+}
+
+
 def _mcp_servers(servers: Iterable[Any]) -> list[Any]:
-    return [dump(s) if isinstance(s, BaseModel) else s for s in servers]
+    """mcpServers as wire JSON, each entry checked: agents drop a malformed entry silently
+    (a stdio entry without "args"/"env"), so a bad one is an error here."""
+    out = []
+    for i, server in enumerate(servers):
+        if isinstance(server, BaseModel):
+            out.append(dump(server))
+            continue
+        if not isinstance(server, dict):
+            raise ValueError(f"mcpServers[{i}] must be an object, not {type(server).__name__}")
+        kind = server.get("type")
+        # A stdio entry has no "type" (claude-agent-acp reads any entry with one as HTTP).
+        model = schema.McpServerStdio if kind is None else _MCP_MODELS.get(kind)
+        if model is None:
+            raise ValueError(f"mcpServers[{i}]: unknown type {kind!r} (http, sse, acp or none for stdio)")
+        try:
+            out.append(dump(model.model_validate(server)))
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(
+                f"mcpServers[{i}] ({server.get('name', '?')}): {where}: {first['msg']}"
+                + (" (stdio entries need \"args\": [] and \"env\": [])" if kind is None else "")
+            ) from None
+    return out
 
 
 class AcpClient:
@@ -95,6 +125,7 @@ class AcpClient:
         self._early: dict[str, list[dict[str, Any]]] = {}
         self._sessions_changed = trio.Event()
         self.init: schema.InitializeResponse | None = None
+        self._closing = False
         peer.request_handler = self._on_request
         peer.notification_handler = self._on_notification
 
@@ -105,17 +136,17 @@ class AcpClient:
     async def notify(self, method: str, params: Any) -> None:
         await self.peer.notify(method, params)
 
-    async def describe_exit(self) -> str:
+    async def describe_exit(self, when: str = "during the turn") -> str:
         """Why the connection ended, for the person: exit code and stderr tail if known."""
         proc = self.process
         if proc is None:
-            return f"the connection to the agent ({self.command}) closed during the turn"
+            return f"the connection to the agent ({self.command}) closed {when}"
         with trio.move_on_after(2):
             await proc.exited.wait()
         if proc.returncode is None:
-            text = f"the agent ({self.command}) closed its output during the turn"
+            text = f"the agent ({self.command}) closed its output {when}"
         else:
-            text = f"the agent ({self.command}) exited during the turn with exit code {proc.returncode}"
+            text = f"the agent ({self.command}) exited {when} with exit code {proc.returncode}"
         tail = proc.stderr_tail().strip()
         return f"{text}; its last stderr output:\n{tail}" if tail else f"{text} (no stderr output)"
 
@@ -356,9 +387,23 @@ class AcpClient:
     async def cancel(self, session_id: str) -> None:
         await self.session(session_id).cancel()
 
+    async def watch_connection(self) -> None:
+        """When the agent goes away between turns, tell each idle session (a SessionError on
+        its events) so nobody waits forever. A running turn ends with its own error."""
+        await self.peer.closed.wait()
+        if self._closing:
+            return
+        message: str | None = None
+        for session in list(self.sessions.values()):
+            if not session.turn_running and not session.closed:
+                if message is None:
+                    message = await self.describe_exit("between turns")
+                await session.report_error(message)
+
     # -- closing ---------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close every session (killing their terminals), the connection and the agent."""
+        self._closing = True
         with trio.CancelScope(shield=True):
             for session in list(self.sessions.values()):
                 await session.aclose()
@@ -409,6 +454,7 @@ async def connect_agent(
     if recorder is not None:
         nursery.start_soon(recorder.run)
     nursery.start_soon(peer.run)
+    nursery.start_soon(client.watch_connection)
     failure: str | None = None
     try:
         with trio.fail_after(init_timeout):

@@ -515,3 +515,58 @@ async def test_interop_with_the_sdk_agent(tmp_path: Path) -> None:
         calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
         assert calls[0].diffs and calls[0].diffs[0]["newText"] == "hello\n"
         assert calls[-1].status == ("completed" if chosen == "once" else "failed")
+
+
+async def test_unknown_agent_requests_get_method_not_found(scripted: Scripted, tmp_path: Path) -> None:
+    argv = scripted.argv(
+        {
+            "prompts": [
+                [
+                    {"request": {"method": "elicitation/create", "params": {"message": "name?"}}},
+                    {"request": {"method": "x/brand_new", "params": {}}},
+                    {"text": "fine"},
+                ]
+            ]
+        }
+    )
+    async with connected(argv) as client:
+        session = await client.new_session(tmp_path)
+        result, _ = await run_turn(session, "go")
+    assert [r["error"]["code"] for r in scripted.results("request")] == [-32601, -32601]
+    assert result.stop_reason == "end_turn"
+
+
+async def test_agent_exit_reaches_idle_sessions(scripted: Scripted, tmp_path: Path) -> None:
+    argv = scripted.argv(
+        {"prompts": [[{"text": "hi"}], [{"crash": {"code": 9, "stderr": "out of memory"}}]]}
+    )
+    async with connected(argv) as client:
+        session = await client.new_session(tmp_path)
+        await run_turn(session, "go")
+        # The agent dies in a turn of one session: that turn ends with the error, and
+        # the other, idle session is told (no consumer waits forever).
+        idle = await client.new_session(tmp_path)
+        result, _ = await run_turn(session, "again")
+        event = await idle.events.receive()
+    assert result.error is not None and "exit code 9" in result.error
+    assert type(event).__name__ == "SessionError" and "between turns" in event.message  # type: ignore[union-attr]
+    assert "out of memory" in event.message  # type: ignore[union-attr]
+
+
+async def test_malformed_mcp_server_entry_is_an_error(scripted: Scripted, tmp_path: Path) -> None:
+    async with connected(scripted.argv({})) as client:
+        with pytest.raises(ValueError, match=r"mcpServers\[0\] \(kiln\): args"):
+            await client.new_session(tmp_path, [{"name": "kiln", "command": "cru", "env": []}])
+        session = await client.new_session(
+            tmp_path,
+            [
+                {"name": "kiln", "command": "cru", "args": ["mcp"], "env": []},
+                {"type": "http", "name": "bridge", "url": "http://127.0.0.1:9/mcp", "headers": []},
+            ],
+        )
+        assert session.session_id
+    sent = [r["frame"] for r in scripted.records() if r["kind"] == "in" and r["frame"].get("method") == "session/new"]
+    assert sent[-1]["params"]["mcpServers"] == [
+        {"name": "kiln", "command": "cru", "args": ["mcp"], "env": []},
+        {"type": "http", "name": "bridge", "url": "http://127.0.0.1:9/mcp", "headers": []},
+    ]
