@@ -64,7 +64,7 @@ async def run_turn(session: AcpSession, prompt: str | list[Any]) -> tuple[TurnEn
 
 
 def texts(events: list[Event], kind: type) -> str:
-    return "".join(e.text for e in events if isinstance(e, kind))  # type: ignore[attr-defined]
+    return "".join(getattr(e, "text", "") for e in events if isinstance(e, kind))
 
 
 OnEvent = Callable[[Event], Any]

@@ -29,7 +29,7 @@ class _NoConnection:
     async def notify(self, method: str, params: Any) -> None:
         raise AssertionError("no I/O in these tests")
 
-    async def describe_exit(self) -> str:
+    async def describe_exit(self, when: str = "") -> str:
         return ""
 
 
