@@ -688,10 +688,11 @@ class AcpSession:
                 error = await self._conn.describe_exit()
             finally:
                 turn.done = True
+                # Also when our caller is cancelled: no permission may outlive its turn.
+                self._retire_permissions("the turn ended")
                 nursery.cancel_scope.cancel()
         if turn.error is not None:
             error = turn.error
-        self._retire_permissions("the turn ended")
         ended = self._turn_ended(result, error)
         await self._emit(ended)
         return ended
@@ -803,7 +804,8 @@ class AcpSession:
             if self.turn_running:
                 with trio.move_on_after(1):
                     await self.cancel()
-                if self._turn is not None:
+                if self._turn is not None and not self._turn.done:
+                    self._turn.error = self._turn.error or "the session was closed during the turn"
                     self._turn.scope.cancel()
             self._retire_permissions("the session closed")
             if self.services is not None:

@@ -487,9 +487,8 @@ async def test_modes_config_options_and_load(scripted: Scripted, tmp_path: Path)
         assert [o.current_value for o in session.state.models] == ["smart"]
 
         loaded_events: list[Event] = []
-        async with trio.open_nursery() as nursery:
-            loaded = await client.load_session("old-1", tmp_path)
-            nursery.cancel_scope.cancel()
+        # A short history fits the event buffer, so it can be read after the load.
+        loaded = await client.load_session("old-1", tmp_path)
         while True:
             try:
                 loaded_events.append(loaded.events.receive_nowait())
@@ -570,3 +569,25 @@ async def test_malformed_mcp_server_entry_is_an_error(scripted: Scripted, tmp_pa
         {"name": "kiln", "command": "cru", "args": ["mcp"], "env": []},
         {"type": "http", "name": "bridge", "url": "http://127.0.0.1:9/mcp", "headers": []},
     ]
+
+
+async def test_flood_through_a_small_buffer_loses_nothing(scripted: Scripted, tmp_path: Path) -> None:
+    # 20,000 chunks through a 16-event channel: backpressure, not loss or unbounded memory.
+    argv = scripted.argv({"prompts": [[{"flood": {"count": 20000, "text": "x"}}, {"text": "END"}]]})
+    received: list[str] = []
+    async with connected(argv) as client:
+        session = await client.new_session(tmp_path, event_buffer=16)
+
+        async def consume() -> None:
+            while True:
+                for event in await session.receive_batch():
+                    if isinstance(event, MessageChunk):
+                        received.append(event.text)
+                    elif isinstance(event, TurnEnded):
+                        return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            result = await session.prompt("flood")
+    assert result.stop_reason == "end_turn"
+    assert len(received) == 20001 and received[-1] == "END" and set(received[:-1]) == {"x"}
