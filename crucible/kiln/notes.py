@@ -231,16 +231,41 @@ def replace_body(text: str, body: str) -> str:
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
-_INLINE_CODE = re.compile(r"(`+)(?:.+?)\1")
-_URL = re.compile(r"(?:[a-zA-Z][a-zA-Z0-9+.-]*://|www\.)[^\s<>()\[\]]*|<[^>\s]+>")
-_WIKILINK = re.compile(r"(!?)\[\[([^\[\]\n]+?)\]\]")
+_BACKTICKS = re.compile(r"`+")
+# Bounded repetitions keep every pattern linear on a huge single-line note.
+_URL = re.compile(r"(?:\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://|\bwww\.)[^\s<>()\[\]]*|<[^>\s]{1,2048}>")
+_WIKILINK = re.compile(r"(!?)\[\[([^\[\]\n]{1,1000}?)\]\]")
 # A tag starts after whitespace or at line start; Obsidian requires one non-digit character.
 _TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
 _HTML_COMMENT = re.compile(r"<!--.*?-->")
 
 
 def _blank_code(line: str) -> str:
-    return _INLINE_CODE.sub(lambda m: " " * len(m.group(0)), line)
+    """Blank out inline code spans: a run of n backticks up to the next run of exactly n."""
+    runs = [(m.start(), m.end()) for m in _BACKTICKS.finditer(line)]
+    if len(runs) < 2:
+        return line
+    # next_same[i]: index of the next run with the same length as run i (linear, not a regex scan)
+    next_same: list[int | None] = [None] * len(runs)
+    last_of_len: dict[int, int] = {}
+    for i in range(len(runs) - 1, -1, -1):
+        n = runs[i][1] - runs[i][0]
+        next_same[i] = last_of_len.get(n)
+        last_of_len[n] = i
+    out = []
+    pos = i = 0
+    while i < len(runs):
+        j = next_same[i]
+        if j is None:
+            i += 1
+            continue
+        start, end = runs[i][0], runs[j][1]
+        out.append(line[pos:start])
+        out.append(" " * (end - start))
+        pos = end
+        i = j + 1
+    out.append(line[pos:])
+    return "".join(out)
 
 
 def code_block_lines(lines: Sequence[str]) -> list[bool]:
