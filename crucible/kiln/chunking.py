@@ -137,7 +137,10 @@ def chunk_note(note: Note, max_chars: int = 1500) -> list[Chunk]:
         raise ValueError("max_chars must be positive")
     chunks: list[Chunk] = []
     for section in _sections(note):
-        prefix = " > ".join((note.title, *section.path)) + "\n\n"
+        path = section.path
+        if path and path[0].casefold() == note.title.casefold():
+            path = path[1:]  # the H1 that gave the note its title: don't say it twice
+        prefix = " > ".join((note.title, *path)) + "\n\n"
         for start, piece in _pack(section, max_chars):
             text = prefix + piece
             chunks.append(Chunk(note.path, len(chunks), section.path, text, start, content_hash(text)))

@@ -1,0 +1,127 @@
+"""Chunking by heading sections with a size cap; the fixture kiln and its query set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from crucible.kiln.atomic import content_hash
+from crucible.kiln.chunking import Chunk, chunk_note
+from crucible.kiln.notes import parse_note, read_note
+from crucible.kiln.paths import iter_markdown
+
+NOTE = """\
+---
+title: Trip
+---
+Intro paragraph before any heading.
+
+# Plan
+## Day 1
+Walk the old town.
+
+## Day 2
+
+### Morning
+Museum.
+# Packing
+
+```bash
+# not a heading
+echo hi
+```
+"""
+
+
+def test_sections_heading_paths_and_prefix() -> None:
+    chunks = chunk_note(parse_note(NOTE, "t/Trip.md"))
+    assert [(c.ordinal, c.heading_path, c.text) for c in chunks] == [
+        (0, (), "Trip\n\nIntro paragraph before any heading."),
+        (1, ("Plan", "Day 1"), "Trip > Plan > Day 1\n\nWalk the old town."),
+        (2, ("Plan", "Day 2", "Morning"), "Trip > Plan > Day 2 > Morning\n\nMuseum."),
+        (3, ("Packing",), "Trip > Packing\n\n```bash\n# not a heading\necho hi\n```"),
+    ]
+    # "# Plan" and "## Day 2" have no text of their own: skipped
+    lines = NOTE.split("\n")
+    assert [lines[c.start_line] for c in chunks] == [
+        "Intro paragraph before any heading.", "Walk the old town.", "Museum.", "```bash"]
+    assert [c.id for c in chunks] == [f"t/Trip.md#{i}" for i in range(4)]
+    assert all(c.note_path == "t/Trip.md" and c.content_hash == content_hash(c.text) for c in chunks)
+
+
+def test_long_section_splits_at_paragraphs() -> None:
+    paras = [f"Paragraph {i} " + "word " * 50 for i in range(8)]  # ~265 chars each
+    text = "## Big\n\n" + "\n\n".join(paras) + "\n"
+    chunks = chunk_note(parse_note(text, "long.md"), max_chars=600)
+    bodies = [c.text.removeprefix("long > Big\n\n") for c in chunks]
+    assert all(c.text.startswith("long > Big\n\n") for c in chunks)
+    assert all(len(b) <= 600 for b in bodies)
+    # nothing lost, nothing duplicated, every cut at a paragraph boundary
+    assert "\n\n".join(bodies) == "\n\n".join(paras)
+    assert len(chunks) == 4
+    lines = text.split("\n")
+    assert all(lines[c.start_line].startswith("Paragraph") for c in chunks)
+
+
+def test_huge_paragraph_is_cut_hard() -> None:
+    long_line = "x" * 2500
+    words = " ".join(["lorem"] * 400)  # one 2399-char line with spaces
+    text = f"{long_line}\n{words}\n"
+    chunks = chunk_note(parse_note(text, "h.md"), max_chars=1000)
+    bodies = [c.text.removeprefix("h\n\n") for c in chunks]
+    assert all(0 < len(b) <= 1000 for b in bodies)
+    assert "".join(bodies[:3]) == long_line
+    assert " ".join(bodies[3:]) == words  # cut at spaces, not inside words
+    assert all(c.heading_path == () for c in chunks)
+
+
+def test_blank_line_inside_code_does_not_split_a_block() -> None:
+    code = "```\nline one\n\nline two\n```"
+    chunks = chunk_note(parse_note(f"# C\n{code}\n\nafter\n", "c.md"), max_chars=30)
+    assert chunks[0].text == "C\n\n" + code  # the H1 is the title: not repeated
+
+
+def test_note_without_text_gets_a_title_chunk() -> None:
+    chunks = chunk_note(parse_note("---\ntitle: Only a title\ntags: [x]\n---\n# Head\n\n", "e.md"))
+    assert chunks == [Chunk("e.md", 0, (), "Only a title", 4, content_hash("Only a title"))]
+
+
+def test_editing_one_section_changes_only_its_chunk() -> None:
+    before = chunk_note(parse_note(NOTE, "t.md"))
+    after = chunk_note(parse_note(NOTE.replace("Museum.", "Museum and lunch."), "t.md"))
+    changed = [b.ordinal for b, a in zip(before, after, strict=True) if b.content_hash != a.content_hash]
+    assert changed == [2]
+
+
+def test_title_change_changes_every_chunk() -> None:
+    before = chunk_note(parse_note(NOTE, "t.md"))
+    after = chunk_note(parse_note(NOTE.replace("title: Trip", "title: Journey"), "t.md"))
+    assert all(b.content_hash != a.content_hash for b, a in zip(before, after, strict=True))
+    assert after[1].text.startswith("Journey > Plan > Day 1\n\n")
+
+
+def test_fixture_kiln_chunks(fixture_kiln_src: Path) -> None:
+    total = 0
+    for rel in iter_markdown(fixture_kiln_src):
+        note = read_note(fixture_kiln_src, rel)
+        chunks = chunk_note(note)
+        assert chunks, rel
+        assert len({c.id for c in chunks}) == len(chunks)
+        total += len(chunks)
+    assert total > 60
+    ddia = chunk_note(read_note(fixture_kiln_src, "Reading/Books/Designing Data-Intensive Applications.md"))
+    assert [c.heading_path for c in ddia] == [
+        ("Designing Data-Intensive Applications", "Chapter 3: Storage and retrieval"),
+        ("Designing Data-Intensive Applications", "Chapter 5: Replication"),
+        ("Designing Data-Intensive Applications", "Chapter 7: Transactions"),
+    ]
+    assert "write skew" in ddia[2].text
+
+
+def test_query_set_points_at_existing_notes(fixture_kiln_src: Path) -> None:
+    queries = json.loads((Path(__file__).parent / "queries.json").read_text())
+    notes = set(iter_markdown(fixture_kiln_src))
+    assert len(queries) >= 10
+    for q in queries:
+        assert set(q) == {"query", "expected"}
+        assert q["expected"] in notes, q
