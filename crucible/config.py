@@ -237,8 +237,21 @@ def _allowed_keys(model: type[BaseModel], section: tuple[int | str, ...]) -> lis
     return []
 
 
+def _raw_at(raw: Any, loc: tuple[int | str, ...]) -> Any:
+    for part in loc:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw
+
+
 def _error_from_validation(
-    exc: ValidationError, model: type[BaseModel], file: Path, prefix: tuple[int | str, ...] = ()
+    exc: ValidationError,
+    model: type[BaseModel],
+    file: Path,
+    prefix: tuple[int | str, ...] = (),
+    raw: Any = None,
 ) -> ConfigError:
     lines: list[str] = []
     for err in exc.errors():
@@ -256,7 +269,14 @@ def _error_from_validation(
             lines.append(f"{key} is required ({_describe(_type_at(model, loc))})")
         else:
             got = err.get("input")
-            got_text = f" got {type(got).__name__} {got!r}" if not isinstance(got, dict) else " got a table"
+            before = _raw_at(raw, loc)
+            if isinstance(before, str) and _ENV_REF.search(before):
+                # the value came from the environment: it may be a secret, so don't echo it
+                got_text = f" got {type(got).__name__} from {before!r}"
+            elif isinstance(got, dict):
+                got_text = " got a table"
+            else:
+                got_text = f" got {type(got).__name__} {got!r}"
             lines.append(f"{key}: expected {_describe(_type_at(model, loc))};{got_text}")
     head = f"{file}: " + lines[0] if lines else f"{file}: invalid config"
     more = "".join(f"\n  {line}" for line in lines[1:])
@@ -291,7 +311,7 @@ def parse_config(raw: Mapping[str, Any], file: Path, env: Mapping[str, str] | No
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise _error_from_validation(exc, Config, file) from None
+        raise _error_from_validation(exc, Config, file, raw=raw) from None
     if config.kiln is not None:
         kiln = _expand(config.kiln)
         if not kiln.is_absolute():
@@ -312,11 +332,11 @@ def _merge_mcps(config: Config, mcps_file: Path, env: Mapping[str, str]) -> None
         section, prefix = raw["mcp"], ("mcp",)
     else:
         section, prefix = raw, ()
-    section = _interpolate(section, prefix, env, mcps_file)
+    data = _interpolate(section, prefix, env, mcps_file)
     try:
-        extra_cfg = McpConfig.model_validate(section)
+        extra_cfg = McpConfig.model_validate(data)
     except ValidationError as exc:
-        raise _error_from_validation(exc, McpConfig, mcps_file, prefix) from None
+        raise _error_from_validation(exc, McpConfig, mcps_file, prefix, raw=section) from None
     config.mcp.servers.extend(extra_cfg.servers)
 
 

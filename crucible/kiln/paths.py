@@ -16,7 +16,8 @@ RESERVED_DIR = ".crucible"
 # Folders never listed: tool state, VCS, editor config, trash, dependencies (plus any dot-folder).
 SKIP_DIRS = frozenset({".crucible", ".git", ".obsidian", ".trash", "node_modules"})
 
-_DRIVE = re.compile(r"^[A-Za-z]:")
+# "C:/x" or "C:\\x" (backslashes are already slashes when this is checked); "Q: notes.md" is a name.
+_DRIVE = re.compile(r"^[A-Za-z]:(?:/|$)")
 
 
 class KilnPathError(CrucibleError):

@@ -320,3 +320,9 @@ def test_resolve_kiln_missing_dir(tmp_path: Path) -> None:
 def test_data_dir(tmp_path: Path) -> None:
     assert data_dir({"XDG_DATA_HOME": "/d"}) == Path("/d/crucible")
     assert data_dir({"HOME": "/h"}) == Path("/h/.local/share/crucible")
+
+
+def test_wrong_type_from_env_does_not_echo_the_value(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, '[embedder]\nprovider = "{env:SECRET}"\n', SECRET="hunter2-token")
+    assert "embedder.provider: expected one of 'builtin', 'ollama', 'openai'" in msg
+    assert "{env:SECRET}" in msg and "hunter2" not in msg

@@ -49,6 +49,7 @@ def test_plain_paths_resolve(kiln: Path) -> None:
     assert resolve_in_kiln(kiln, "new/folder/note.md", for_write=True) == kiln.resolve() / "new/folder/note.md"
     assert resolve_in_kiln(kiln, "") == kiln.resolve()
     assert resolve_in_kiln(kiln, "a/Upper.MD", for_write=True).name == "Upper.MD"
+    assert resolve_in_kiln(kiln, "Q: questions.md", for_write=True).name == "Q: questions.md"
 
 
 @pytest.mark.parametrize("rel", ["../outside.md", "a/../../outside.md", "a/../top.md", "..",
