@@ -351,7 +351,8 @@ class CrucibleKilnBackend:
                 return False
             return not any(part.startswith(".") for part in rel.split("/"))
 
-        async for changes in awatch(self.root, watch_filter=is_note, debounce=200, step=50):
+        # rust_timeout: the watcher thread notices a cancel within 0.1 s (default 5 s holds up exit)
+        async for changes in awatch(self.root, watch_filter=is_note, debounce=200, step=50, rust_timeout=100):
             paths = sorted({to_rel(self.root, Path(p)) for _, p in changes})
             index = self._index
             if index is not None:

@@ -1,0 +1,124 @@
+"""`cru chat -p` end to end with the scripted agent (a real subprocess over real pipes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ChatRunner, group_gone
+
+CLAUDE_OPTIONS = [
+    {"optionId": "allow_always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+]
+
+
+def permission_turn(kind: str = "execute", title: str = "`rm -rf build`") -> dict:
+    return {"prompts": [[
+        {"tool_call": {"toolCallId": "t1", "title": title, "kind": kind, "status": "pending",
+                       "rawInput": {"command": "rm -rf build"}}},
+        {"permission": {"toolCall": {"toolCallId": "t1"}, "options": CLAUDE_OPTIONS}, "as": "perm", "echo": True},
+        {"text": "\ndone"},
+    ]]}
+
+
+def test_text_streams_to_stdout_and_exit_zero(chat: ChatRunner) -> None:
+    res = chat.run({"prompts": [[{"text": "Hello "}, {"thought": "hmm"}, {"text": "world"}]]}, "hi")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "Hello world\n"
+    assert "Traceback" not in res.stderr
+
+
+def test_json_format_prints_one_object_per_event(chat: ChatRunner) -> None:
+    res = chat.run({"prompts": [[{"text": "a"}, {"plan": [{"content": "step", "priority": "high",
+                                                          "status": "pending"}]}]]}, "hi", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    types = [e["type"] for e in events]
+    assert "message_chunk" in types and "plan_changed" in types
+    assert types[-1] == "turn_ended" and events[-1]["stop_reason"] == "end_turn"
+
+
+def test_approve_all_answers_with_the_allow_option(chat: ChatRunner) -> None:
+    res = chat.run(permission_turn(), "go", "--approve-all")
+    assert res.returncode == 0, res.stderr
+    assert 'permission: {"result": {"outcome": {"optionId": "allow", "outcome": "selected"}}}' in res.stdout
+    assert "[permission] `rm -rf build`: allow_once (--approve-all)" in res.stderr
+
+
+def test_deny_all_and_default_deny_reject(chat: ChatRunner) -> None:
+    for extra in (("--deny-all",), ()):
+        res = chat.run(permission_turn(), "go", *extra)
+        assert res.returncode == 0, res.stderr
+        assert '"optionId": "reject"' in res.stdout
+        assert "reject_once" in res.stderr
+
+
+def test_card_policy_decides_before_the_flags(chat: ChatRunner, tmp_path: Path) -> None:
+    cards = chat.kiln / ".crucible" / "agents"
+    cards.mkdir(parents=True)
+    (cards / "careful.md").write_text("---\ndescription: no shell\ntools:\n  execute: deny\n---\nBe careful.\n")
+    res = chat.run(permission_turn(), "go", "--approve-all", "--card", "careful")
+    assert res.returncode == 0, res.stderr
+    assert '"optionId": "reject"' in res.stdout
+    assert "card careful: execute = deny" in res.stderr
+    # The card's body reached the agent first in the first prompt.
+    prompt = chat.wait_for_log(lambda e: e.get("kind") == "in" and e["frame"].get("method") == "session/prompt")
+    blocks = prompt["frame"]["params"]["prompt"]
+    assert "Be careful." in blocks[0]["text"] and blocks[-1]["text"] == "go"
+
+
+def test_sigint_cancels_the_turn_and_leaves_no_process(chat: ChatRunner) -> None:
+    script = {"prompts": [{"steps": [{"text": "working"}, {"stall": None}],
+                           "after_cancel": [{"text": " (stopped)"}]}]}
+    proc = chat.spawn(script, "long task")
+    chat.wait_for_log(lambda e: e.get("kind") == "in" and e["frame"].get("method") == "session/prompt")
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert out.startswith("working (stopped)")
+    assert "cancelled" in err
+    assert any(e.get("kind") == "turn_end" and e.get("stopReason") == "cancelled" for e in chat.agent_log())
+    assert group_gone(proc.pid)
+
+
+def test_agent_crash_mid_turn_shows_stderr_tail(chat: ChatRunner) -> None:
+    res = chat.run({"prompts": [[{"text": "partial"}, {"crash": {"code": 3, "stderr": "boom: out of cheese"}}]]},
+                   "hi")
+    assert res.returncode == 1
+    assert "exit code 3" in res.stderr and "out of cheese" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_wrong_command_is_one_clear_message(chat: ChatRunner, cru_bin: str, clean_env: dict[str, str]) -> None:
+    res = subprocess.run([cru_bin, "chat", "--agent-command", "no-such-agent-xyz --acp", "--kiln", str(chat.kiln),
+                          "-p", "hi"], env=clean_env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "no-such-agent-xyz" in res.stderr and "fix:" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_agent_printing_non_acp_text_is_a_clear_error(chat: ChatRunner, cru_bin: str,
+                                                       clean_env: dict[str, str]) -> None:
+    res = subprocess.run([cru_bin, "chat", "--agent-command", f"{sys.executable} -c \"print('hello, I am not ACP')\"",
+                          "--kiln", str(chat.kiln), "-p", "hi"], env=clean_env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1
+    assert "initialize" in res.stderr and "fix:" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_unknown_builtin_missing_agent(chat: ChatRunner, cru_bin: str, clean_env: dict[str, str]) -> None:
+    env = {**clean_env, "PATH": "/usr/bin:/bin", "HOME": str(chat.tmp)}
+    res = subprocess.run([cru_bin, "chat", "-a", "opencode", "--kiln", str(chat.kiln), "-p", "hi"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "npm install -g opencode-ai" in res.stderr
+    res = subprocess.run([cru_bin, "chat", "-a", "nonesuch", "--kiln", str(chat.kiln), "-p", "hi"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "claude" in res.stderr  # lists the known names
