@@ -138,14 +138,34 @@ def _yaml_reason(exc: Exception, line_offset: int = 1) -> str:
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1 + line_offset})" if mark is not None else ""
         return f"{problem}{where}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+_MAX_FLOW_DEPTH = 100
+
+
+def _flow_depth(yaml_text: str) -> int:
+    depth = deepest = 0
+    for ch in yaml_text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def load_frontmatter(yaml_text: str) -> CommentedMap:
     """The frontmatter as a round-trip map (comments, order, quotes kept). Raises FrontmatterError."""
+    if _flow_depth(yaml_text) > _MAX_FLOW_DEPTH:
+        # ruamel needs seconds to reach its RecursionError on "[[[[…": refuse up front
+        raise FrontmatterError("frontmatter is not valid YAML: nested too deeply",
+                               fix="fix the YAML between the '---' lines")
     try:
         data = _yaml().load(yaml_text)
-    except (YAMLError, ValueError, TypeError) as e:
+    except (YAMLError, RecursionError, ValueError, TypeError) as e:  # RecursionError: "[[[[…"
         raise FrontmatterError(f"frontmatter is not valid YAML: {_yaml_reason(e)}",
                                fix="fix the YAML between the '---' lines") from e
     if data is None:

@@ -145,6 +145,17 @@ def test_broken_yaml_is_a_problem_not_an_exception() -> None:
     assert note.body == "# Real title\nbody #tag\n" and note.body_start_line == 4
 
 
+@pytest.mark.parametrize("yaml_text,reason", [
+    ("a: 1\na: 2\n", 'found duplicate key "a"'),
+    ("[" * 5000 + "\n", "nested too deeply"),
+    ("title: [unclosed\n", "line"),
+])
+def test_hostile_frontmatter_is_a_problem(yaml_text: str, reason: str) -> None:
+    note = parse_note(f"---\n{yaml_text}---\nbody #ok\n", "h.md")
+    assert note.frontmatter == {} and note.tags == ["ok"] and note.body == "body #ok\n"
+    assert note.problems[0].startswith("frontmatter is not valid YAML: ") and reason in note.problems[0]
+
+
 def test_frontmatter_that_is_not_a_mapping() -> None:
     note = parse_note("---\n- a\n- b\n---\nbody\n", "l.md")
     assert note.frontmatter == {} and "not a mapping" in note.problems[0]
