@@ -488,8 +488,30 @@ class KilnIndex:
             return self.update(progress)
         with self._writing():
             report = IndexReport()
-            self._update(sorted(set(paths)), report, progress, full=False)
+            self._update(self.expand_paths(paths), report, progress, full=False)
             return report
+
+    def expand_paths(self, paths: Iterable[str]) -> list[str]:
+        """Notes named, plus those under a named folder: a folder created or moved in (its
+        files may predate the watch on it) or deleted (its notes leave the index)."""
+        out: set[str] = set()
+        manifest: dict[str, NoteEntry] | None = None
+        for rel in paths:
+            rel = rel.strip("/")
+            if not rel:
+                continue
+            if is_indexable(rel):
+                out.add(rel)
+                continue
+            if any(part.startswith(".") or part in SKIP_DIRS for part in rel.split("/")):
+                continue
+            folder = self.root / rel
+            if folder.is_dir() and not folder.is_symlink():
+                out.update(iter_markdown(self.root, rel))
+            if manifest is None:
+                manifest = self.manifest()
+            out.update(p for p in manifest if p.startswith(rel + "/"))
+        return sorted(out)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:

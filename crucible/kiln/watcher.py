@@ -14,7 +14,7 @@ import trio
 from watchfiles import Change, awatch
 
 from crucible.errors import CrucibleError
-from crucible.kiln.index import KilnIndex, is_indexable
+from crucible.kiln.index import KilnIndex
 from crucible.kiln.paths import to_rel
 
 log = logging.getLogger(__name__)
@@ -25,15 +25,30 @@ DEBOUNCE_MS = 300
 _ARMED_TIMEOUT_MS = 200
 
 
+def _filter(root: Path) -> Callable[[Change, str], bool]:
+    """Keep notes and anything without a suffix (a folder: new, moved or deleted), outside
+    dot-folders such as .crucible (judged on the kiln-relative part of the path)."""
+    prefix = str(root).rstrip("/") + "/"
+
+    def wanted(change: Change, path: str) -> bool:
+        rel = path[len(prefix):] if path.startswith(prefix) else path
+        if any(part.startswith(".") for part in rel.split("/")):
+            return False
+        name = rel.rsplit("/", 1)[-1]
+        return name.lower().endswith(".md") or "." not in name
+
+    return wanted
+
+
 def _note_paths(root: Path, changes: set[tuple[Change, str]]) -> list[str]:
-    """The kiln-relative note paths among the changed files (dot-folders like .crucible left out)."""
+    """The kiln-relative paths of the changes."""
     out: set[str] = set()
     for _, raw in changes:
         try:
             rel = to_rel(root, Path(raw))
         except CrucibleError:
             continue
-        if rel and is_indexable(rel):
+        if rel:  # notes, and folders (update_paths looks inside them)
             out.add(rel)
     return sorted(out)
 
@@ -49,19 +64,16 @@ async def watch_kiln(
     """Re-index notes as they are created, edited, moved or deleted, until cancelled.
 
     Start it with `await nursery.start(watch_kiln, root, index)`: it returns once the watch is
-    armed, so no edit made after that is missed. `on_change` gets the kiln-relative paths of
-    each batch once the index has them. An update that fails (say, the index is locked by
+    armed, so no edit made after that is missed. `on_change` gets the kiln-relative note paths
+    of each batch (a folder's notes included) once the index has them. An update that fails (say, the index is locked by
     another process) is logged and retried with the next batch, which includes the missed paths.
     """
     root = Path(await trio.Path(root).resolve())
     started = False
     retry: set[str] = set()
 
-    def wanted(change: Change, path: str) -> bool:
-        return path.lower().endswith(".md")
-
     async for changes in awatch(
-        root, watch_filter=wanted, debounce=debounce_ms, rust_timeout=_ARMED_TIMEOUT_MS,
+        root, watch_filter=_filter(root), debounce=debounce_ms, rust_timeout=_ARMED_TIMEOUT_MS,
         yield_on_timeout=True,
     ):
         if not started:
@@ -73,6 +85,7 @@ async def watch_kiln(
         if not paths:
             continue
         try:
+            paths = await trio.to_thread.run_sync(index.expand_paths, paths)
             await trio.to_thread.run_sync(index.update_paths, paths)
         except CrucibleError as exc:
             retry = set(paths)
