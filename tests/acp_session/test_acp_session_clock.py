@@ -14,7 +14,13 @@ from acp_session_helpers import run_turn
 
 from acp_host.client import AcpClient
 from acp_host.jsonrpc import JsonRpcError, JsonRpcPeer
-from acp_host.session import AcpSession, Decision, MessageChunk, PermissionRequest, PermissionResolved
+from acp_host.session import (
+    AcpSession,
+    Decision,
+    MessageChunk,
+    PermissionRequest,
+    PermissionResolved,
+)
 
 Prompt = Callable[[JsonRpcPeer, dict[str, Any]], Awaitable[Any]]
 OPTIONS = [
