@@ -362,15 +362,15 @@ class CrucibleKilnBackend:
 
 def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
     """The index's `IndexProgress` as the protocol's (done, total, message), at most ~4 a second."""
-    last = [0.0, ""]
+    last: dict[str, Any] = {"at": 0.0, "phase": ""}
 
     def report(p: Any) -> None:
         now = time.monotonic()
         phase = getattr(p, "phase", "")
         done = p.chunks_done >= p.chunks_total if phase == "embed" else p.notes_done >= p.notes_total
-        if now - float(last[0]) < 0.25 and phase == last[1] and not done:
+        if now - last["at"] < 0.25 and phase == last["phase"] and not done:
             return
-        last[:] = [now, phase]
+        last.update(at=now, phase=phase)
         if phase == "embed":
             progress(p.chunks_done, p.chunks_total, f"Embedding chunks {p.chunks_done}/{p.chunks_total}")
         else:
@@ -397,10 +397,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     log_to_stderr()
     if getattr(args, "connect", None):
-        from mcp_bridge.server import relay_stdio
+        from mcp_bridge.server import RelayError, relay_stdio
 
         token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
-        trio.run(relay_stdio, args.connect, token)
+        try:
+            trio.run(relay_stdio, args.connect, token)
+        except RelayError as exc:
+            raise CrucibleError(str(exc), "check that the session is running and its bridge URL") from None
         return 0
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)

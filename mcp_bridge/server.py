@@ -554,3 +554,53 @@ async def serving_http(
 
 def print_once(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+class RelayError(Exception):
+    """The bridge a relay points at cannot be used (message says why, safe to show)."""
+
+
+async def _preflight(http: Any, url: str) -> None:
+    import httpx2
+
+    try:
+        response = await http.get(url, headers={"Accept": "text/event-stream"})
+        await response.aclose()
+    except httpx2.HTTPError as exc:
+        raise RelayError(f"nothing answers at {url} ({type(exc).__name__})") from None
+    if response.status_code == 401:
+        raise RelayError(f"the bridge at {url} refused the token (check $CRUCIBLE_BRIDGE_TOKEN)")
+    if response.status_code in (403, 404):
+        raise RelayError(f"the bridge at {url} answered {response.status_code}: {response.text[:200]}")
+
+
+async def relay_stdio(url: str, token: str) -> None:
+    """A stdio MCP server that relays every message to a streamable-HTTP endpoint (a session's
+    bridge) and back, so a stdio-only client reaches the same bridge as the HTTP agents."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.server.stdio import stdio_server
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with create_mcp_http_client(headers=headers) as http:
+        await _preflight(http, url)
+        try:
+            async with (
+                streamable_http_client(url, http_client=http) as (up_read, up_write),
+                stdio_server() as (down_read, down_write),
+                anyio.create_task_group() as tg,
+            ):
+
+                async def pump(source: Any, sink: Any, what: str) -> None:
+                    async for message in source:
+                        if isinstance(message, Exception):  # a transport failure: say so, go on
+                            logger.warning("relay (%s): %s", what, message)
+                            continue
+                        await sink.send(message)
+                    tg.cancel_scope.cancel()  # either side closed: the relay is done
+
+                tg.start_soon(pump, down_read, up_write, "client to bridge")
+                tg.start_soon(pump, up_read, down_write, "bridge to client")
+        except* httpx2.HTTPError as group:
+            raise RelayError(f"lost the bridge at {url} ({type(group.exceptions[0]).__name__})") from None

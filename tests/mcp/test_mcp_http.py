@@ -120,9 +120,35 @@ async def test_many_bridges_on_one_app_keyed_by_path_and_token() -> None:
                     assert r.structured_content is not None
                     assert [n["path"] for n in r.structured_content["notes"]] == [note]
             async with httpx.AsyncClient(timeout=10) as h:
-                r = await h.post(url + "/s/b/mcp", json={}, headers={"Authorization": "Bearer tok-a"})
-                assert r.status_code == 401
+                resp = await h.post(url + "/s/b/mcp", json={}, headers={"Authorization": "Bearer tok-a"})
+                assert resp.status_code == 401
                 app.unmount("/s/b")
-                r = await h.post(url + "/s/b/mcp", json={}, headers={"Authorization": "Bearer tok-b"})
-                assert r.status_code == 404
+                resp = await h.post(url + "/s/b/mcp", json={}, headers={"Authorization": "Bearer tok-b"})
+                assert resp.status_code == 404
                 await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_connect_relays_stdio_to_the_http_bridge(cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str],
+                                                       mode: str) -> None:
+    from mcp.client.stdio import StdioServerParameters
+
+    async with cru_mcp_http(cru_bin, mcp_kiln, cru_env) as srv:
+        params = StdioServerParameters(command=cru_bin, args=["mcp", "--connect", srv.url],
+                                       env=cru_env | {"CRUCIBLE_BRIDGE_TOKEN": srv.token})
+        async with Client(params, mode=mode) as c:
+            assert len((await c.list_tools()).tools) == 12
+            r = await c.call_tool("create_note", {"path": "Relayed.md", "content": "via the relay"})
+            assert not r.is_error, texts(r)
+        assert (mcp_kiln / "Relayed.md").read_text() == "via the relay"
+
+
+async def test_connect_with_a_wrong_token_says_so(cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str]) -> None:
+    async with cru_mcp_http(cru_bin, mcp_kiln, cru_env) as srv:
+        out = await trio.run_process(
+            [cru_bin, "mcp", "--connect", srv.url], stdin=b"", capture_stdout=True, capture_stderr=True,
+            env=cru_env | {"CRUCIBLE_BRIDGE_TOKEN": "wrong"}, check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 1
+    assert f"the bridge at {srv.url} refused the token (check $CRUCIBLE_BRIDGE_TOKEN)" in err
+    assert "Traceback" not in err

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from conftest import npm_bin_or_skip
 
 
-def _inspector(bin_dir: Path, env: dict[str, str], *args: str, rc: int = 0) -> dict[str, object]:
+def _inspector(bin_dir: Path, env: dict[str, str], *args: str, rc: int = 0) -> dict[str, Any]:
     out = subprocess.run([str(bin_dir / "mcp-inspector"), "--cli", *args], capture_output=True, text=True,
                          env=env, timeout=120)
     assert out.returncode == rc, out.stderr[-2000:]
-    data: dict[str, object] = json.loads(out.stdout)
+    data: dict[str, Any] = json.loads(out.stdout)
     return data
 
 
@@ -22,7 +23,7 @@ def test_inspector_lists_and_calls_tools(cru_bin: str, mcp_kiln: Path, cru_env: 
     bin_dir = npm_bin_or_skip()
     server = ["--", cru_bin, "mcp", "--kiln", str(mcp_kiln)]
     listed = _inspector(bin_dir, cru_env, "--method", "tools/list", *server)
-    tools = {t["name"]: t for t in listed["tools"]}  # type: ignore[union-attr, index]
+    tools = {t["name"]: t for t in listed["tools"]}
     assert len(tools) == 12 and tools["semantic_search"]["inputSchema"]["required"] == ["query"]
     assert tools["delete_note"]["annotations"]["destructiveHint"] is True
 

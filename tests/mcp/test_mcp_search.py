@@ -16,10 +16,10 @@ pytestmark = pytest.mark.slow  # the first search builds the index of the sample
 async def test_searches_on_the_real_index(cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str],
                                           tmp_path: Path) -> None:
     leak = LeakCheck(tmp_path, mcp_kiln)
-    progress: list[tuple[float, float | None, str | None]] = []
+    seen: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(p: float, total: float | None, message: str | None) -> None:
-        progress.append((p, total, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
 
     async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
         r = leak(await c.call_tool("get_kiln_stats", {}))
@@ -36,9 +36,9 @@ async def test_searches_on_the_real_index(cru_bin: str, mcp_kiln: Path, cru_env:
         assert all(set(hit) == HIT_KEYS for hit in sc["results"])
         assert sc["results"][0]["path"] == "Projects/Lantern/Bugs/Memory leak in the sensor poller.md"
         assert sc["results"][0]["title"] == "Memory leak in the sensor poller"
-        assert progress and progress[0][2] == "Opening the kiln's search index (first search)"
-        assert any(m and m.startswith("Embedding chunks") for _, _, m in progress)
-        assert progress[-1][2] is not None and progress[-1][2].startswith("Search index ready")
+        assert seen and seen[0][2] == "Opening the kiln's search index (first search)"
+        assert any(m and m.startswith("Embedding chunks") for _, _, m in seen)
+        assert seen[-1][2] is not None and seen[-1][2].startswith("Search index ready")
 
         r = leak(await c.call_tool("text_search", {"query": "sqlite", "limit": 5}))
         sc = r.structured_content

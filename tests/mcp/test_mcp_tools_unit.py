@@ -183,17 +183,17 @@ async def test_first_semantic_search_reports_progress_while_the_index_opens() ->
     backend = FakeBackend()
     seen: list[tuple[float, float | None, str | None]] = []
 
-    async def progress(p: float, total: float | None, message: str | None) -> None:
-        seen.append((p, total, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
 
     async with Client(BridgeServer(backend).server, mode="legacy") as client:
-        r = await client.call_tool("semantic_search", {"query": "alpha", "limit": 1}, progress_callback=progress)
+        r = await client.call_tool("semantic_search", {"query": "alpha", "limit": 1}, progress_callback=on_progress)
         assert not r.is_error and backend.opened
         assert r.structured_content == {"results": [
             {"path": "A.md", "title": "A.md", "score": 1.0, "heading": None, "snippet": "# A\nalpha\n"}]}
         assert json.loads(texts(r)) == r.structured_content
         first = len(seen)
-        await client.call_tool("semantic_search", {"query": "alpha"}, progress_callback=progress)
+        await client.call_tool("semantic_search", {"query": "alpha"}, progress_callback=on_progress)
     assert first >= 3 and seen[0][2] == "Opening the kiln's search index (first search)"
     assert (1.0, 2.0, "loading") in seen
     assert len(seen) == first  # the second search loads nothing
