@@ -49,7 +49,6 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 Decision = Literal["allow", "ask", "deny"]
 Policy = Callable[[str], Decision]
-Approver = Callable[[str, dict[str, Any]], "anyio.abc.ObjectReceiveStream[bool] | Any"]
 
 
 def note_uri(path: str) -> str:

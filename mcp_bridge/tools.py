@@ -224,10 +224,12 @@ async def invoke(
     try:
         if spec.prepare is not None:
             await spec.prepare(ctx)
-        with anyio.fail_after(time_limit):
+        # move_on_after, not fail_after: a TimeoutError raised inside a tool (a socket timeout)
+        # is that tool's failure, not ours.
+        with anyio.move_on_after(time_limit) as scope:
             result = await spec.handler(ctx, args)
-    except TimeoutError:
-        return error_result(f"Tool '{spec.name}' timed out after {time_limit:g} seconds")
+        if scope.cancelled_caught:
+            return error_result(f"Tool '{spec.name}' timed out after {time_limit:g} seconds")
     except (ToolError, KilnError) as exc:
         return error_result(_redact(ctx, str(exc)))
     except Exception as exc:  # the tool boundary: report, log, keep serving

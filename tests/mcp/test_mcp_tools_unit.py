@@ -6,6 +6,7 @@ import json
 import threading
 from typing import Any
 
+import mcp_types as types
 import pytest
 from conftest import FakeBackend, texts
 from mcp.client.client import Client
@@ -201,3 +202,36 @@ async def test_first_semantic_search_reports_progress_while_the_index_opens() ->
 
 def test_no_arg_schema_is_never_empty() -> None:
     assert input_schema(NoArgs) == {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class CardPrompts:
+    """What the cards issue will plug in: cards as MCP prompts."""
+
+    def list_prompts(self) -> list[types.Prompt]:
+        return [types.Prompt(name="librarian", description="Finds notes")]
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        text = f"You are the {name}. Topic: {(arguments or {}).get('topic', '')}"
+        return types.GetPromptResult(messages=[
+            types.PromptMessage(role="user", content=types.TextContent(text=text))])
+
+
+async def test_prompt_hook_serves_prompts_only_when_given() -> None:
+    async with Client(BridgeServer(FakeBackend(), prompts=CardPrompts()).server, mode="legacy") as client:
+        assert [p.name for p in (await client.list_prompts()).prompts] == ["librarian"]
+        got = await client.get_prompt("librarian", {"topic": "bread"})
+        content = got.messages[0].content
+        assert isinstance(content, types.TextContent) and content.text == "You are the librarian. Topic: bread"
+    async with Client(BridgeServer(FakeBackend()).server, mode="legacy") as client:
+        assert client.server_capabilities.prompts is None
+
+
+async def test_a_tools_own_timeout_error_is_not_reported_as_ours() -> None:
+    async def raises(ctx: ToolContext, args: NoArgs) -> EchoResult:
+        raise TimeoutError("upstream socket timed out")
+
+    bridge = BridgeServer(FakeBackend(), tools=[ToolSpec("slow_upstream", "x", NoArgs, EchoResult, raises,
+                                                         read_only=True)])
+    async with Client(bridge.server, mode="legacy") as client:
+        r = await client.call_tool("slow_upstream", {})
+    assert r.is_error and texts(r) == "Tool 'slow_upstream' failed: TimeoutError: upstream socket timed out"
