@@ -427,7 +427,9 @@ class BridgeHTTP:
     def mounts(self) -> list[Mount]:
         return list(self._mounts.values())
 
-    async def mount(self, bridge: BridgeServer, *, token: str, base: str = "") -> Mount:
+    async def mount(self, bridge: BridgeServer, *, token: str, base: str = "", watch: bool = True) -> Mount:
+        """Serve `bridge` under `base` for requests bearing `token`. `watch=False` when several
+        bridges share one backend and another mount already forwards its changes."""
         from mcp.server.sse import SseServerTransport
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
@@ -442,7 +444,7 @@ class BridgeHTTP:
         m = Mount(bridge=bridge, token=token, base=base)
         m.manager = StreamableHTTPSessionManager(app=bridge.server, security_settings=security)
         m.sse = SseServerTransport(m.messages_path, security_settings=security)
-        await self._tg.start(self._run_mount, m)
+        await self._tg.start(self._run_mount, m, watch)
         self._mounts[base] = m
         return m
 
@@ -451,11 +453,12 @@ class BridgeHTTP:
         if m is not None and m.cancel is not None:
             m.cancel.cancel()
 
-    async def _run_mount(self, m: Mount, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    async def _run_mount(self, m: Mount, watch: bool, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.CancelScope() as scope:
             m.cancel = scope
             async with m.manager.run(), anyio.create_task_group() as tg:
-                tg.start_soon(m.bridge.run_watcher)
+                if watch:
+                    tg.start_soon(m.bridge.run_watcher)
                 task_status.started()
                 await anyio.sleep_forever()
 
