@@ -15,6 +15,7 @@ from acp_host.client import connect_agent
 from acp_host.session import Decision, MessageChunk, PermissionRequest
 
 SCRIPTS = sorted((REPO / "fixtures" / "scripts").glob("*.json"))
+EXPECT = {p: json.loads(p.read_text())["_expect"] for p in SCRIPTS}
 
 
 async def allow_once(request: PermissionRequest) -> Decision:
@@ -27,7 +28,7 @@ def test_there_are_scripts() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 async def test_fixture_script(script: Path, tmp_path: Path) -> None:
-    expect = json.loads(script.read_text())["_expect"]
+    expect = EXPECT[script]
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             client = await connect_agent(nursery, [sys.executable, str(SCRIPTED_AGENT), str(script)])
@@ -46,4 +47,4 @@ async def test_fixture_script(script: Path, tmp_path: Path) -> None:
     if "text_length" in expect:
         assert len(text) == expect["text_length"]
     for name, content in expect.get("files", {}).items():
-        assert (tmp_path / name).read_text() == content
+        assert await trio.Path(tmp_path / name).read_text() == content
