@@ -1,0 +1,264 @@
+"""AgentProcess: environment, stderr drain, teardown of the whole group, no leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import acp_host.process as process_mod
+from acp_host.process import AgentProcess, AgentStartError, login_shell_path, merge_paths
+
+PY = sys.executable
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _gone(pid: int) -> bool:
+    """The process no longer runs (absent, or a zombie left for init to reap)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
+def _no_children_left() -> bool:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return pid != 0 and _no_children_left()
+
+
+async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = await stream.receive_some()
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def test_merge_paths_order_and_dedupe() -> None:
+    assert merge_paths("/a:/b:", "/b:/c::/a", "") == "/a:/b:/c"
+
+
+def test_login_shell_path_reads_profile_path_past_banners(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shell = tmp_path / "fake-login-shell"
+    # A login shell whose profile prints a banner and prepends a directory to PATH.
+    shell.write_text(
+        '#!/bin/sh\necho "Welcome!"\nPATH=/opt/from-profile/bin:$PATH\nexport PATH\nexec /bin/sh -c "$2"\n'
+    )
+    shell.chmod(0o755)
+    monkeypatch.setenv("SHELL", str(shell))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin:/only/in/current")
+    monkeypatch.setattr(process_mod, "_shell_path_cache", None)
+    path = login_shell_path().split(":")
+    assert path[0] == "/opt/from-profile/bin"
+    assert "/only/in/current" in path
+    assert len(path) == len(set(path))
+    # a shell that is missing falls back to our own PATH
+    monkeypatch.setenv("SHELL", str(tmp_path / "no-such-shell"))
+    monkeypatch.setattr(process_mod, "_shell_path_cache", None)
+    assert login_shell_path() == "/usr/bin:/bin:/only/in/current"
+    monkeypatch.setattr(process_mod, "_shell_path_cache", None)
+
+
+async def test_child_gets_full_env_plus_extra_and_shell_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SOME_API_KEY", "k-123")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin:/only/current")
+    monkeypatch.setattr(process_mod, "_shell_path_cache", "/opt/shell-only/bin:/usr/bin:/bin")
+    code = "import os; print(os.environ.get('SOME_API_KEY'), os.environ.get('PROFILE_VAR'), os.environ['PATH'], os.getcwd())"
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(
+            nursery, [PY, "-c", code], extra_env={"PROFILE_VAR": "p"}, cwd=tmp_path
+        )
+        async with proc:
+            out = (await _read_line(proc.stdout)).decode().split()
+    assert out[0] == "k-123" and out[1] == "p"
+    assert out[2] == "/opt/shell-only/bin:/usr/bin:/bin:/only/current"
+    assert await trio.Path(out[3]).resolve() == await trio.Path(tmp_path).resolve()
+
+
+async def test_missing_or_unexecutable_command_says_what_to_do(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(
+            AgentStartError, match=r"`no-such-agent-xyz` was not found on PATH: install it"
+        ):
+            await AgentProcess.start(nursery, ["no-such-agent-xyz", "--acp"])
+        script = tmp_path / "agent.sh"
+        script.write_text("#!/bin/sh\n")
+        with pytest.raises(AgentStartError, match="not an executable file"):
+            await AgentProcess.start(nursery, [str(script)])
+        with pytest.raises(AgentStartError, match="does not exist"):
+            await AgentProcess.start(nursery, [str(tmp_path / "nope")])
+        with pytest.raises(AgentStartError, match="working directory"):
+            await AgentProcess.start(nursery, ["sh"], cwd=tmp_path / "missing-dir")
+
+
+async def test_megabytes_of_stderr_never_block_and_tail_is_kept() -> None:
+    # 5 MB of stderr before the agent's first stdout line: an unread pipe would block it.
+    code = (
+        "import sys\n"
+        "for i in range(50000): sys.stderr.write('%06d-' % i + 'x' * 93 + '\\n')\n"
+        "sys.stderr.write('the last words\\n'); sys.stderr.flush()\n"
+        "print('ready', flush=True)\n"
+    )
+    seen = 0
+
+    def on_stderr(chunk: bytes) -> None:
+        nonlocal seen
+        seen += len(chunk)
+
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(
+            nursery, [PY, "-c", code], stderr_ring_bytes=8192, on_stderr=on_stderr
+        )
+        async with proc:
+            assert await _read_line(proc.stdout) == b"ready\n"
+            assert await proc.wait() == 0
+        assert proc.stderr_tail(100).endswith("the last words\n")
+        assert len(proc.stderr_tail(10**9).encode()) <= 8192
+    assert seen == 50000 * 101 + len("the last words\n")
+
+
+async def test_stdout_after_exit_is_not_lost_and_exit_code_kept() -> None:
+    code = (
+        "import sys; sys.stdout.write('line\\n' * 2000); sys.stderr.write('boom\\n'); sys.exit(3)"
+    )
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(nursery, [PY, "-c", code])
+        async with proc:
+            assert await proc.wait() == 3
+            assert proc.exited.is_set()
+            data = b""
+            while chunk := await proc.stdout.receive_some():
+                data += chunk
+        assert data == b"line\n" * 2000
+        assert proc.stderr_tail() == "boom\n"
+
+
+async def test_grandchild_in_the_group_is_killed() -> None:
+    # An agent that re-launches itself: the real work runs in a child of the direct child.
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(nursery, ["sh", "-c", "sleep 100 & echo $!; wait"])
+        grandchild = int(await _read_line(proc.stdout))
+        assert not _gone(grandchild)
+        await proc.aclose(grace=0)
+    assert _gone(proc.pid) and _gone(grandchild)
+    assert proc.returncode == -signal.SIGTERM
+
+
+async def test_leftovers_of_an_exited_agent_are_stopped_so_stdout_ends() -> None:
+    # The leader exits but its background child keeps stdout open: the reader must still see EOF.
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(nursery, ["sh", "-c", "sleep 100 & echo $!; exit 0"])
+        async with proc:
+            grandchild = int(await _read_line(proc.stdout))
+            assert await proc.stdout.receive_some() == b""
+            assert _gone(grandchild)
+            assert await proc.wait() == 0
+
+
+async def test_agent_that_ignores_stdin_and_sigterm_is_killed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Zero wall time: the clock jumps the 2 s grace and the 1 s after SIGTERM.
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(
+            nursery, ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
+        )
+        start = trio.current_time()
+        await proc.aclose(grace=2.0)
+        assert proc.returncode == -signal.SIGKILL
+        assert trio.current_time() - start >= 3.0
+        assert _gone(proc.pid)
+        await proc.aclose()  # idempotent
+
+
+async def test_agent_that_exits_on_stdin_close_or_sigterm_is_not_killed() -> None:
+    # Real clock: these react within milliseconds, far inside their grace periods.
+    async with trio.open_nursery() as nursery:
+        proc = await AgentProcess.start(nursery, ["cat"])
+        await proc.aclose(grace=2.0)
+        assert proc.returncode == 0
+        proc = await AgentProcess.start(nursery, ["sh", "-c", "exec sleep 1000 < /dev/null"])
+        await proc.aclose(grace=0)
+        assert proc.returncode == -signal.SIGTERM
+
+
+async def test_cancelling_the_nursery_tears_the_agent_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            proc = await AgentProcess.start(nursery, ["sh", "-c", "trap '' TERM; sleep 100 & wait"])
+            scope.cancel()
+    assert proc.exited.is_set() and _gone(proc.pid)
+
+
+async def test_hundred_spawn_kill_cycles_no_zombies_no_fds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Boom(Exception):
+        pass
+
+    async def one(i: int) -> list[int]:
+        kind = i % 4
+        pids: list[int] = []
+        if kind == 0:  # plain close
+            async with trio.open_nursery() as nursery:
+                proc = await AgentProcess.start(nursery, ["cat"])
+                async with proc:
+                    await proc.stdin.send_all(b"x\n")
+                    assert await _read_line(proc.stdout) == b"x\n"
+                pids.append(proc.pid)
+        elif kind == 1:  # cancelled while talking to it, group with a grandchild
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    proc = await AgentProcess.start(
+                        nursery, ["sh", "-c", "sleep 100 & echo $!; wait"]
+                    )
+                    pids += [proc.pid, int(await _read_line(proc.stdout))]
+                    scope.cancel()
+                    await trio.sleep_forever()
+        elif kind == 2:  # an exception in the body
+            with pytest.raises(ExceptionGroup) as info:
+                async with trio.open_nursery() as nursery:
+                    proc = await AgentProcess.start(nursery, ["sh", "-c", "trap '' TERM; cat"])
+                    pids.append(proc.pid)
+                    async with proc:
+                        raise Boom
+            assert info.group_contains(Boom)
+        else:  # the agent crashes on its own
+            async with trio.open_nursery() as nursery:
+                proc = await AgentProcess.start(nursery, ["sh", "-c", "echo dying >&2; kill -9 $$"])
+                async with proc:
+                    assert await proc.wait() == -signal.SIGKILL
+                assert proc.stderr_tail() == "dying\n"
+                pids.append(proc.pid)
+        return pids
+
+    await one(0)  # warm up: the login shell PATH lookup, trio's lazily opened fds
+    await one(1)
+    fds_before = _fd_count()
+    all_pids: list[int] = []
+    for i in range(100):
+        all_pids += await one(i)
+    assert _fd_count() == fds_before
+    assert _no_children_left()
+    assert all(_gone(pid) for pid in all_pids)
+    assert len(all_pids) >= 125
