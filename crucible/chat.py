@@ -160,6 +160,7 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
     cancelled_by_user = False
     ended: TurnEnded | None = None
     async with BridgeHost().running() as host, open_session(opts, host) as session:
+        session.on_notice = printer.note
         for warning in session.warnings:
             printer.note(f"[warning] {warning}")
         drained = trio.Event()

@@ -161,6 +161,8 @@ class CrucibleSession:
         self.warnings: list[str] = []
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
         self._first_prompt = True
+        # Told of what happens outside the ACP event stream (the bridge asking the person).
+        self.on_notice: Callable[[str], None] | None = None
         self._resumed_natively = False  # the agent loaded its own history (session/load|resume)
 
     # -- permissions ---------------------------------------------------------------------
@@ -201,6 +203,8 @@ class CrucibleSession:
             self.policy.remember(tool, "deny")
         self.writer.append({"type": "permission", "title": tool, "decision": decision.kind,
                             "reason": decision.reason, "via": "bridge"})
+        if self.on_notice is not None:
+            self.on_notice(f"[permission] {tool}: {decision.kind} ({decision.reason}; asked by the bridge)")
         return decision.kind.startswith("allow")
 
     def on_bridge_event(self, event: Any) -> None:

@@ -52,10 +52,11 @@ def test_mutating_bridge_tool_follows_the_flags_and_asks_once(real_chat: RealCha
         # The agent sees the refusal (claude and gemini tell the LLM; opencode's tool fails).
         refusal = "\n".join(llm.tool_result_texts()).lower()
         assert res.returncode in (0, 1), res.stderr[-3000:]
-        assert ("refus" in refusal or "denied" in refusal or "reject" in refusal or "cancel" in refusal
-                or "reject_once" in res.stderr), (refusal[:1000], res.stderr[-2000:])
+        assert any(word in refusal for word in ("refus", "denied", "reject", "cancel", "not allow")), \
+            (refusal[:1000], res.stderr[-2000:])
+        assert "reject_once (--deny-all" in res.stderr
     # Asked at most once for the one call, whichever side asked (ACP or the bridge).
-    assert res.stderr.count("[permission]") <= 1, res.stderr
+    assert res.stderr.count("[permission]") == 1, res.stderr
 
 
 def test_sigint_cancels_and_leaves_no_process(real_chat: RealChat) -> None:
