@@ -1,0 +1,107 @@
+"""`cru kiln index | search | info` end to end, as a person runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pexpect
+import pytest
+
+QUERIES = json.loads((Path(__file__).parents[1] / "kiln_core" / "queries.json").read_text())
+
+
+def cru(cru_bin: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([cru_bin, *args], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_index_then_search_finds_the_paraphrased_note(
+    cru_bin: str, clean_env: dict[str, str], tmp_kiln: Path
+) -> None:
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tmp_kiln), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["notes_indexed"] == report["notes_seen"] == 33
+    assert report["degraded"] == [{
+        "path": "Scratch/Broken frontmatter.md",
+        "reason": "frontmatter is not valid YAML: found unexpected end of stream (line 5)",
+    }]
+    assert "index: scanned 33/33 notes" in done.stderr  # plain progress lines: not a terminal
+    assert str(tmp_kiln) not in done.stdout + done.stderr
+
+    for pair in QUERIES[:3]:
+        found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tmp_kiln), "--json", pair["query"])
+        assert found.returncode == 0, found.stderr
+        results = json.loads(found.stdout)["results"]
+        assert results[0]["path"] == pair["expected"]
+        assert {"path", "title", "score", "heading", "snippet"} <= set(results[0])
+
+    # the kiln from $CRUCIBLE_KILN, text mode, human output
+    env = {**clean_env, "CRUCIBLE_KILN": str(tmp_kiln)}
+    text = cru(cru_bin, env, "kiln", "search", "--mode", "text", "--limit", "3", "sourdough")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("1. ") and "line " in text.stdout
+
+    info = cru(cru_bin, env, "kiln", "info", "--json")
+    assert info.returncode == 0, info.stderr
+    data = json.loads(info.stdout)
+    assert data["name"] == "kiln" and data["markdown_files"] == 33 and data["total_files"] == 34
+    assert data["total_size_bytes"] > 0
+    assert data["index"]["status"] == "up to date" and data["index"]["notes"] == 33
+    assert data["index"]["store"] == ".crucible/chroma" and data["index"]["stale"] == 0
+
+    (tmp_kiln / "Inbox.md").write_text("# Inbox\n\nsomething new\n")
+    info = cru(cru_bin, env, "kiln", "info")
+    assert "1 notes changed since the last index" in info.stdout
+
+    again = cru(cru_bin, env, "kiln", "index")
+    assert again.returncode == 0
+    assert "indexed 1 notes (1 chunks embedded, 0 kept), 32 unchanged, 0 removed" in again.stdout
+    assert "indexed with problems (1):\n  Scratch/Broken frontmatter.md: frontmatter" in again.stdout
+
+
+def test_search_without_index_and_damaged_index(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
+) -> None:
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta")
+    assert done.returncode == 1
+    assert "no index yet" in done.stderr and "fix: cru kiln index" in done.stderr
+    assert not (tiny_kiln / ".crucible").exists()  # searching created nothing
+
+    store = tiny_kiln / ".crucible" / "chroma"
+    store.mkdir(parents=True)
+    (store / "chroma.sqlite3").write_bytes(b"garbage" * 1000)
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 1
+    assert "damaged" in done.stderr and "fix: cru kiln index --rebuild" in done.stderr
+    assert "Traceback" not in done.stderr and str(tiny_kiln) not in done.stderr
+    info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json")
+    assert json.loads(info.stdout)["index"]["fix"] == "cru kiln index --rebuild"
+
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln), "--rebuild")
+    assert done.returncode == 0, done.stderr
+    assert "rebuilt the index" in done.stdout and "indexed 3 notes" in done.stdout
+    found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json",
+                "--mode", "semantic", "noodles for dinner")
+    assert json.loads(found.stdout)["results"][0]["path"] == "Cooking/Pasta.md"
+
+
+def test_property_search_cli(cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path) -> None:
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--mode", "property",
+               "--json", "status:done")
+    assert done.returncode == 0, done.stderr
+    assert [r["path"] for r in json.loads(done.stdout)["results"]] == ["Garden/Compost.md"]
+
+
+@pytest.mark.slow
+def test_progress_bar_on_a_terminal(cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path) -> None:
+    child = pexpect.spawn(cru_bin, ["kiln", "index", "--kiln", str(tiny_kiln)], env=clean_env,
+                          encoding="utf-8", timeout=300, dimensions=(24, 120))
+    child.expect("indexing the kiln")
+    child.expect("notes: ")
+    child.expect("chunks: ")
+    child.expect(r"indexed 3 notes \(5 chunks embedded")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
