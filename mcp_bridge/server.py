@@ -287,8 +287,12 @@ class BridgeServer:
 
     async def run_watcher(self) -> None:
         """Forward the backend's change events to subscribers until cancelled."""
-        if self.backend is not None:
+        if self.backend is None:
+            return
+        try:
             await self.backend.watch_changes(self.notes_changed)
+        except Exception as exc:  # e.g. the OS's file-watch limit: serve on, without notifications
+            logger.warning("not watching the kiln for changes: %s", self.backend.redact(str(exc)))
 
     # --- prompts ----------------------------------------------------------------------
 

@@ -235,3 +235,14 @@ async def test_a_tools_own_timeout_error_is_not_reported_as_ours() -> None:
     async with Client(bridge.server, mode="legacy") as client:
         r = await client.call_tool("slow_upstream", {})
     assert r.is_error and texts(r) == "Tool 'slow_upstream' failed: TimeoutError: upstream socket timed out"
+
+
+async def test_a_failing_watcher_does_not_stop_the_server() -> None:
+    class NoWatch(FakeBackend):
+        async def watch_changes(self, on_change: Any) -> None:
+            raise OSError("OS file watch limit reached under /home/someone/notes")
+
+    bridge = BridgeServer(NoWatch())
+    await bridge.run_watcher()  # returns (logged), instead of raising into the serving task group
+    async with Client(bridge.server, mode="legacy") as client:
+        assert not (await client.call_tool("get_kiln_info", {})).is_error
