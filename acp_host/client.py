@@ -439,10 +439,15 @@ async def connect_agent(
     command, with its stderr tail, if the agent cannot start, exits, refuses or does not
     answer initialize within `init_timeout` seconds."""
     command = shlex.join(argv)
-    process = await AgentProcess.start(
-        nursery, list(argv), env=env, extra_env=extra_env, cwd=cwd, name=name
-    )
-    recorder = Recorder(record_to, agent=command) if record_to is not None else None
+    recorder = await Recorder.open(record_to, agent=command) if record_to is not None else None
+    try:
+        process = await AgentProcess.start(
+            nursery, list(argv), env=env, extra_env=extra_env, cwd=cwd, name=name
+        )
+    except BaseException:
+        if recorder is not None:
+            await recorder.aclose()
+        raise
     peer = JsonRpcPeer(
         process.stdin,
         process.stdout,

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import trio
 
@@ -54,23 +54,34 @@ def frame_of(msg: Any) -> Any:
 
 
 class Recorder:
-    """Records a connection to `path`. Pass `recorder.tap` to the peer, run `recorder.run()`
-    in a nursery, and `await recorder.aclose()` at the end (it flushes)."""
+    """Records a connection: `await Recorder.open(path, agent=...)`, pass `recorder.tap` to
+    the peer, run `recorder.run()` in a nursery, and `await recorder.aclose()` at the end
+    (it flushes)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, agent: str) -> None:
-        self.path = Path(path)
+    def __init__(self, file: TextIO, path: Path, *, agent: str) -> None:
+        self.path = path
         self.agent = agent
+        self._file = file
         self._start = time.monotonic()
         self._lines: list[str] = []
         self._wakeup = trio.Event()
         self._closed = False
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed in aclose)
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], *, agent: str) -> Recorder:
+        """Create the recording file (replacing one there) and write its header."""
         header = {
             "recording": RECORDING_VERSION,
             "agent": agent,
             "started": datetime.now(UTC).isoformat(timespec="milliseconds"),
         }
-        self._file.write(json.dumps(header) + "\n")
+
+        def create() -> TextIO:
+            f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in aclose)
+            f.write(json.dumps(header) + "\n")
+            return f
+
+        return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent)
 
     def tap(self, direction: Literal["in", "out"], msg: Any) -> None:
         t_ms = round((time.monotonic() - self._start) * 1000, 3)

@@ -118,7 +118,8 @@ class SessionServices:
 
     # -- paths ----------------------------------------------------------------------------
     def resolve(self, given: str) -> Path:
-        """The real path of `given` (relative paths are taken from the cwd), if inside a root."""
+        """The real path of `given` (relative paths are taken from the cwd), if inside a root.
+        Touches the disk (symlinks): call it from a worker thread."""
         if not isinstance(given, str) or not given or "\0" in given:
             raise JsonRpcError(INVALID_PARAMS, f"invalid path: {given!r}")
         path = Path(given)
@@ -136,11 +137,11 @@ class SessionServices:
     # -- fs -------------------------------------------------------------------------------
     async def read_text_file(self, params: Any) -> dict[str, Any]:
         req = _parse(schema.ReadTextFileRequest, "fs/read_text_file", params)
-        path = self.resolve(req.path)
         start = max((req.line or 1) - 1, 0)
         limit = req.limit
 
         def read() -> str:
+            path = self.resolve(req.path)
             try:
                 text = path.read_text(encoding="utf-8", errors="replace")
             except FileNotFoundError:
@@ -160,9 +161,9 @@ class SessionServices:
 
     async def write_text_file(self, params: Any) -> dict[str, Any]:
         req = _parse(schema.WriteTextFileRequest, "fs/write_text_file", params)
-        path = self.resolve(req.path)
 
         def write() -> None:
+            path = self.resolve(req.path)
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _atomic_write(path, req.content)
@@ -186,9 +187,13 @@ class SessionServices:
         req = _parse(schema.CreateTerminalRequest, "terminal/create", params)
         if self._closed:
             raise JsonRpcError(INTERNAL_ERROR, "the session is closing")
-        cwd = self.resolve(req.cwd) if req.cwd else self.cwd
-        if not cwd.is_dir():
-            raise JsonRpcError(INVALID_PARAMS, f"terminal cwd {req.cwd} is not a directory")
+        def check_cwd() -> Path:
+            cwd = self.resolve(req.cwd) if req.cwd else self.cwd
+            if not cwd.is_dir():
+                raise JsonRpcError(INVALID_PARAMS, f"terminal cwd {req.cwd} is not a directory")
+            return cwd
+
+        cwd = await trio.to_thread.run_sync(check_cwd)
         env = dict(self._env)
         for var in req.env or []:
             env[var.name] = var.value
