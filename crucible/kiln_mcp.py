@@ -227,9 +227,12 @@ class CrucibleKilnBackend:
             from crucible.config import Config
             from crucible.kiln.index import KilnIndex
 
-            index = KilnIndex.open(self.root, self.config or Config())
-            index.update(progress=_progress_adapter(progress))
-            self._index = index
+            def load() -> Any:
+                index = KilnIndex.open(self.root, self.config or Config())
+                index.update(progress=_progress_adapter(progress))
+                return index
+
+            self._index = self._call("", load)
 
     def _hits(self, results: list[Any]) -> list[SearchHit]:
         return [
@@ -247,7 +250,7 @@ class CrucibleKilnBackend:
         from crucible.kiln import search
 
         # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-        return self._hits(search.hybrid_search(self._index, query, limit))
+        return self._call(query, lambda: self._hits(search.hybrid_search(self._index, query, limit)))
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
         from crucible.kiln import search
