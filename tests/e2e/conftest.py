@@ -49,11 +49,12 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 
 class RealChat:
-    def __init__(self, name: str, llm: FakeLLM, kiln: Path, tmp: Path, cru: str) -> None:
+    def __init__(self, name: str, llm: FakeLLM, kiln: Path, tmp: Path, cru: str, *, api_key: bool = True) -> None:
         self.name, self.llm, self.kiln, self.tmp, self.cru = name, llm, kiln, tmp, cru
         self.work = tmp / "work"
         self.work.mkdir(exist_ok=True)
-        _, self.env = agent_env.agent_launch(name, llm.url, tmp / f"home-{name}")  # type: ignore[arg-type]
+        _, self.env = agent_env.agent_launch(name, llm.url, tmp / f"home-{name}",  # type: ignore[arg-type]
+                                             api_key=api_key)
 
     def argv(self, prompt: str, *extra: str) -> list[str]:
         argv = [self.cru, "chat", "-a", self.name, "--kiln", str(self.kiln), "--cwd", str(self.work), "-p", prompt,

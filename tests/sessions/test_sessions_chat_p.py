@@ -122,3 +122,18 @@ def test_unknown_builtin_missing_agent(chat: ChatRunner, cru_bin: str, clean_env
     res = subprocess.run([cru_bin, "chat", "-a", "nonesuch", "--kiln", str(chat.kiln), "-p", "hi"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "claude" in res.stderr  # lists the known names
+
+
+def test_auth_refusal_at_session_new_names_the_fix(chat: ChatRunner, cru_bin: str,
+                                                   clean_env: dict[str, str]) -> None:
+    """Gemini without a key refuses session/new with -32000: the person gets the fix, not a trace."""
+    script_cmd = chat.agent_command({"new_session": {"error": {
+        "code": -32000, "message": "Gemini API key is missing or not configured."}}})
+    cmd, *args = script_cmd.split()
+    config = chat.tmp / "config.toml"
+    config.write_text(f"[agents.gemini]\ncommand = {json.dumps(cmd)}\nargs = {json.dumps(args)}\n")
+    res = subprocess.run([cru_bin, "--config", str(config), "chat", "-a", "gemini", "--kiln", str(chat.kiln),
+                          "-p", "hi"], env=clean_env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "the agent gemini needs you to log in" in res.stderr
+    assert "GEMINI_API_KEY" in res.stderr and "Traceback" not in res.stderr
