@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -126,6 +126,9 @@ class AcpClient:
         self._sessions_changed = trio.Event()
         self.init: schema.InitializeResponse | None = None
         self._closing = False
+        # Sees every session/update's raw params before they are parsed: a proxy (`cru acp`)
+        # forwards them as they are, unknown variants included.
+        self.on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         peer.request_handler = self._on_request
         peer.notification_handler = self._on_notification
 
@@ -155,6 +158,8 @@ class AcpClient:
         if method != "session/update" or type(params) is not dict:
             return  # other notifications (none in ACP 1 for clients) are ignored
         session_id = params.get("sessionId")
+        if self.on_update is not None:
+            await self.on_update(params)
         session = self.sessions.get(session_id)  # type: ignore[arg-type]
         if session is not None:
             await session.handle_update(params)

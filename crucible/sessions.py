@@ -110,6 +110,8 @@ class SessionOptions:
     parent_policy: PermissionPolicy | None = None
     parent_id: str | None = None
     resume: str | None = None  # a saved Crucible session id
+    # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
+    on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
 
 class BridgeHost:
@@ -362,6 +364,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
             except (AgentStartError, OSError) as exc:
                 raise explain_start_failure(opts.agent, exc) from None
             session.client = client
+            client.on_update = opts.on_update
             try:
                 entry = _bridge_entry(client, host.url(base), token)
                 session.bridge_transport = "http" if "url" in entry else "stdio"
