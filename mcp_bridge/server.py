@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -193,7 +192,7 @@ class BridgeServer:
             ctx = ToolContext(tool_name=name, backend=self.backend, extra=self.extra)
             if report_progress is not None:
                 ctx.report_progress = report_progress
-            result = await invoke(spec, ctx, arguments, time_limit=self.tool_timeout)
+            result = await invoke(spec, ctx, arguments, time_limit=spec.timeout or self.tool_timeout)
         self._observe(
             ToolEvent(
                 kind="call",
@@ -556,10 +555,6 @@ async def serving_http(
             yield actual
         finally:
             shutdown.set()
-
-
-def print_once(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 class RelayError(Exception):
