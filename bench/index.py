@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from crucible.config import Config
@@ -128,12 +129,39 @@ def run(label: str, kiln: Path, change: str) -> dict[str, float]:
         status = index.status()
     finally:
         index.close()
+    search_costs(label, kiln)
     ratio = one.elapsed / full.elapsed if full.elapsed else float("nan")
     print(f"{label}: {status.notes} notes, {status.chunks} chunks; full {full.elapsed:.1f}s "
           f"({full.chunks_embedded / full.elapsed:.1f} chunks/s); one changed note "
           f"{one.elapsed:.3f}s = {100 * ratio:.2f}% of full (goal <= 2%); "
           f"no change {nothing.elapsed:.3f}s", flush=True)
     return {"full": full.elapsed, "one": one.elapsed, "nothing": nothing.elapsed, "ratio": ratio}
+
+
+def search_costs(label: str, kiln: Path) -> None:
+    """What a fresh process pays before its first search on this kiln, and per search after."""
+    from crucible.kiln.search import hybrid_search, property_search, text_search
+
+    def timed(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    index = KilnIndex.open(kiln, Config())
+    try:
+        index.embed_query("warm up the model")
+        build = timed(index.lexical)
+        first = timed(lambda: hybrid_search(index, "lantern harbor at night", 10))
+        again = timed(lambda: hybrid_search(index, "quartz falcon over the prairie", 10))
+    finally:
+        index.close()
+    text1 = timed(lambda: text_search(kiln, "lantern harbor", 10))
+    text2 = timed(lambda: text_search(kiln, "falcon", 10))
+    prop1 = timed(lambda: property_search(kiln, "status:done", limit=10))
+    prop2 = timed(lambda: property_search(kiln, "#generated", limit=100))
+    print(f"{label}: BM25 index built from Chroma in {build:.2f}s; hybrid search {first * 1000:.0f} ms "
+          f"then {again * 1000:.0f} ms; text search {text1:.2f}s cold, {text2:.2f}s warm; "
+          f"property search {prop1:.2f}s cold, {prop2:.2f}s warm", flush=True)
 
 
 def show(label: str, what: str, r: IndexReport) -> None:
