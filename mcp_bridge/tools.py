@@ -90,6 +90,8 @@ class ToolSpec:
     # Runs before the time limit starts (the first search waits for the index to load, with
     # progress notifications, however long a first build takes).
     prepare: Callable[[ToolContext], Awaitable[None]] | None = None
+    # Overrides the server's tool timeout (a delegated child session runs for minutes).
+    timeout: float | None = None
 
     def to_mcp(self) -> types.Tool:
         return types.Tool(
