@@ -20,10 +20,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from index import SHARED_KILN, Printer, cache_dir, sync_kiln  # noqa: E402  (bench/index.py)
+from index import REPO, SHARED_KILN, Printer, cache_dir, sync_kiln  # noqa: E402  (bench/index.py)
 
 from crucible.config import Config  # noqa: E402
 from crucible.kiln import search as S  # noqa: E402
@@ -46,6 +47,45 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return p50 * 1000, p95 * 1000
 
 
+def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_misses: bool) -> None:
+    weights = [1.0, 0.7, 0.5, 0.3, 0.0]
+    names = ["bm25"] + [f"dense w={w}" for w in weights] + [f"hybrid w={w}" for w in weights]
+    names += ["hybrid w=0.3 k=10", "hybrid default", "semantic default"]
+    scores: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    misses: dict[str, list[str]] = {"hybrid default": [], "bm25": [], "semantic default": []}
+    for q in queries:
+        text, expected = q["query"], set(q["expected"])
+        vec = index.embed_query(text)
+        lexical = [p for p, _ in S.lexical_ranking(index, text, S.FUSION_DEPTH)]
+        scores["bm25"].append(metrics(lexical, expected))
+        for w in weights:
+            dense = [d.path for d, _ in S.dense_ranking(index, vec, S.FUSION_DEPTH, w)]
+            scores[f"dense w={w}"].append(metrics(dense, expected))
+            fused = [p for p, _ in S.rrf([dense, lexical])]
+            scores[f"hybrid w={w}"].append(metrics(fused, expected))
+            if w == 0.3:
+                scores["hybrid w=0.3 k=10"].append(
+                    metrics([p for p, _ in S.rrf([dense, lexical], k=10)], expected))
+        for name, fn in (("hybrid default", S.hybrid_search), ("semantic default", S.semantic_search)):
+            got = [r.path for r in fn(index, text, 10)]
+            scores[name].append(metrics(got, expected))
+            if not expected & set(got[:5]):
+                misses[name].append(f"{text!r} -> {got[:3]}")
+        if not expected & set(lexical[:5]):
+            misses["bm25"].append(f"{text!r} -> {lexical[:3]}")
+    print(f"\nquality on the {title}: {len(queries)} queries (recall@5, MRR@10):")
+    for name in names:
+        r5 = statistics.mean(s[0] for s in scores[name])
+        mrr = statistics.mean(s[1] for s in scores[name])
+        print(f"  {name:22s} recall@5 {r5:.3f}  MRR@10 {mrr:.3f}")
+    if show_misses:
+        for name, items in misses.items():
+            if items:
+                print(f"  misses of {name}:")
+                for m in items:
+                    print(f"    {m}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--repeat", type=int, default=3, help="latency rounds over the query set")
@@ -61,43 +101,18 @@ def main() -> int:
           f"({report.notes_indexed} notes re-indexed now, {report.elapsed:.1f}s)")
     queries = json.loads(QUERIES.read_text())["queries"]
     print(f"queries: {len(queries)}")
+    quality(index, queries, "sample kiln, bench/queries.json", show_misses=True)
 
-    # -- quality ----------------------------------------------------------------------------
-    weights = [1.0, 0.7, 0.5, 0.3, 0.0]
-    names = ["bm25"] + [f"dense w={w}" for w in weights] + [f"hybrid w={w}" for w in weights]
-    names += ["hybrid w=0.5 k=10", "hybrid default", "semantic default"]
-    scores: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    misses: dict[str, list[str]] = {"hybrid default": [], "bm25": [], "semantic default": []}
-    for q in queries:
-        text, expected = q["query"], set(q["expected"])
-        vec = index.embed_query(text)
-        lexical = [p for p, _ in S.lexical_ranking(index, text, S.FUSION_DEPTH)]
-        scores["bm25"].append(metrics(lexical, expected))
-        for w in weights:
-            dense = [d.path for d, _ in S.dense_ranking(index, vec, S.FUSION_DEPTH, w)]
-            scores[f"dense w={w}"].append(metrics(dense, expected))
-            fused = [p for p, _ in S.rrf([dense, lexical])]
-            scores[f"hybrid w={w}"].append(metrics(fused, expected))
-            if w == 0.5:
-                scores["hybrid w=0.5 k=10"].append(
-                    metrics([p for p, _ in S.rrf([dense, lexical], k=10)], expected))
-        for name, fn in (("hybrid default", S.hybrid_search), ("semantic default", S.semantic_search)):
-            got = [r.path for r in fn(index, text, 10)]
-            scores[name].append(metrics(got, expected))
-            if not expected & set(got[:5]):
-                misses[name].append(f"{text!r} -> {got[:3]}")
-        if not expected & set(lexical[:5]):
-            misses["bm25"].append(f"{text!r} -> {lexical[:3]}")
-    print("\nquality (recall@5, MRR@10):")
-    for name in names:
-        r5 = statistics.mean(s[0] for s in scores[name])
-        mrr = statistics.mean(s[1] for s in scores[name])
-        print(f"  {name:22s} recall@5 {r5:.3f}  MRR@10 {mrr:.3f}")
-    for name, items in misses.items():
-        if items:
-            print(f"  misses of {name}:")
-            for m in items:
-                print(f"    {m}")
+    # Held out: the chunk weight and fusion were chosen on the set above; this one (the
+    # project's fixture kiln and tests/kiln_core/queries.json) was not looked at for that.
+    fixture = cache_dir() / "fixture-kiln"
+    sync_kiln(REPO / "fixtures" / "kiln", fixture)
+    held = KilnIndex.open(fixture, Config())
+    held.update()
+    pairs = json.loads((REPO / "tests" / "kiln_core" / "queries.json").read_text())
+    quality(held, [{"query": q["query"], "expected": [q["expected"]]} for q in pairs],
+            "fixture kiln, tests/kiln_core/queries.json (held out)", show_misses=True)
+    held.close()
 
     # -- latency ----------------------------------------------------------------------------
     collection = index.chunk_collection
