@@ -64,6 +64,7 @@ class DelegationConfig(BaseModel):
     max_concurrent: int = 3
     result_max_bytes: int = 51200
     timeout_secs: int = 300
+    queue: bool = True  # over max_concurrent: wait for a slot (true) or refuse at once (false)
 
 
 class McpTransport(BaseModel):
