@@ -109,11 +109,12 @@ def run_stack(n: int) -> dict[str, Any]:
                 async def consume() -> None:
                     # The turn's end comes on the stream after every chunk of the turn.
                     nonlocal count
-                    async for event in session.events:
-                        if isinstance(event, MessageChunk):
-                            count += 1
-                        elif isinstance(event, TurnEnded):
-                            return
+                    while True:
+                        for event in await session.receive_batch():
+                            if isinstance(event, MessageChunk):
+                                count += 1
+                            elif isinstance(event, TurnEnded):
+                                return
 
                 ended: Any = None
 

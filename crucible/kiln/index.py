@@ -273,7 +273,7 @@ def _clean(message: str, root: Path) -> str:
     return line[:300]
 
 
-class IndexError_(CrucibleError):
+class IndexUnusableError(CrucibleError):
     """The index cannot be used as it is (locked, damaged, or built differently)."""
 
 
@@ -292,11 +292,11 @@ def _store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
         if _is_lock_error(exc):
-            raise IndexError_(
+            raise IndexUnusableError(
                 f"the index in {store} is locked by another process while {doing} ({reason})",
                 f"close the other `cru` using this kiln and retry; if none is running: {REBUILD}",
             ) from exc
-        raise IndexError_(
+        raise IndexUnusableError(
             f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD
         ) from exc
 
@@ -343,8 +343,10 @@ class KilnIndex:
         self.store = store  # for messages: kiln-relative dir or the server URL
         self.local_store = local_store
         self.name = config.index.collection
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one writer at a time (see _writing)
         self._lexical: LexicalIndex | None = None
+        # Guards the in-memory BM25 index alone, so searches never wait for a long update.
+        self._lex_lock = threading.RLock()
         self._chunks: Any = None
         self._notes: Any = None
         self.needs_rebuild: str | None = None
@@ -526,7 +528,7 @@ class KilnIndex:
                 except OSError as exc:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         raise
-                    raise IndexError_(
+                    raise IndexUnusableError(
                         "the index is being updated by another process",
                         f"wait for the other `cru` on this kiln to finish; if none is running: {REBUILD}",
                     ) from None
@@ -537,7 +539,8 @@ class KilnIndex:
     def _reset(self) -> None:
         with _store_errors(self.root, self.store, "rebuilding it"):
             _drop_collections(self.client, self.name, self.root, self.store)
-            self._lexical = None
+            with self._lex_lock:
+                self._lexical = None
             self.needs_rebuild = None
             self._attach()
 
@@ -692,7 +695,9 @@ class KilnIndex:
             ids=[r[0] for r in note_rows], embeddings=[r[1] for r in note_rows],
             documents=[str(r[2]["title"]) for r in note_rows], metadatas=[r[2] for r in note_rows],
         )
-        if self._lexical is not None:
+        with self._lex_lock:
+            if self._lexical is None:
+                return
             for p in group:
                 self._lexical.set_note(p.note.path, p.note.title, [
                     StoredChunk(p.note.path, c.ordinal, _heading(c) or None, c.start_line + 1,
@@ -705,15 +710,16 @@ class KilnIndex:
             group = paths[s:s + 100]
             self._chunks.delete(where={"path": {"$in": group}})
             self._notes.delete(ids=group)
-        if self._lexical is not None:
-            for p in paths:
-                self._lexical.drop_note(p)
+        with self._lex_lock:
+            if self._lexical is not None:
+                for p in paths:
+                    self._lexical.drop_note(p)
 
     # -- reading -----------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
         if self.needs_rebuild:
-            raise IndexError_(f"the index cannot be searched: {self.needs_rebuild}", "cru kiln index")
+            raise IndexUnusableError(f"the index cannot be searched: {self.needs_rebuild}", "cru kiln index")
 
     def embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
@@ -771,9 +777,19 @@ class KilnIndex:
             chunks.sort(key=lambda c: c.ordinal)
         return out
 
-    def lexical(self) -> LexicalIndex:
+    def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
+        """Notes by BM25: (path, score), best first."""
+        with self._lex_lock:
+            return self._lexical_index().search(query, limit)
+
+    def lexical_best_chunk(self, path: str, query: str) -> StoredChunk | None:
+        """The note's chunk with the most weight of the query's words."""
+        with self._lex_lock:
+            return self._lexical_index().best_chunk(path, query)
+
+    def _lexical_index(self) -> LexicalIndex:
         """The BM25 index, built from the stored chunks on first use, then kept current."""
-        with self._lock:
+        with self._lex_lock:
             if self._lexical is None:
                 lex = LexicalIndex()
                 notes: dict[str, list[StoredChunk]] = {}

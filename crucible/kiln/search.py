@@ -169,7 +169,7 @@ def _best_chunks(
             out[path] = max(scored, key=lambda s: s[0])[1]
     for path in paths:
         if path not in out:
-            best = index.lexical().best_chunk(path, query)
+            best = index.lexical_best_chunk(path, query)
             if best is not None:
                 out[path] = best
     return out
@@ -206,7 +206,7 @@ def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[Searc
 
 def lexical_ranking(index: KilnIndex, query: str, depth: int) -> list[tuple[str, float]]:
     """Notes by BM25 over their words (plain lexical baseline)."""
-    return index.lexical().search(query, depth)
+    return index.lexical_search(query, depth)
 
 
 def rrf(rankings: list[list[str]], k: int = RRF_K) -> list[tuple[str, float]]:
