@@ -596,7 +596,9 @@ class KilnIndex:
             gone.extend(p for p in manifest if p not in present and p not in gone)
 
         with _store_errors(root, self.store, "updating it"):
-            self._reuse_vectors([p for p in pending if p.note.path in manifest])
+            # Also for notes not in the manifest: an update interrupted before it wrote their
+            # note rows left chunk rows whose vectors are still good.
+            self._reuse_vectors(pending)
             self._write(pending, report, progress, len(paths))
             self._remove(gone)
         report.notes_removed = len(gone)
@@ -604,7 +606,7 @@ class KilnIndex:
         report.elapsed = time.perf_counter() - started
 
     def _reuse_vectors(self, pending: list[_Pending]) -> None:
-        """For notes indexed before: keep the vectors of chunks whose text did not change."""
+        """Keep the stored vectors of chunks whose text did not change; note the old chunk ids."""
         for start in range(0, len(pending), 50):
             group = pending[start:start + 50]
             by_path = {p.note.path: p for p in group}

@@ -276,3 +276,14 @@ def test_unreachable_server_is_a_clear_error(tiny_kiln: Path) -> None:
         KilnIndex.open(tiny_kiln, config)
     assert "cannot reach the Chroma server" in err.value.message
     assert "chroma run" in (err.value.fix or "")
+
+
+def test_interrupted_update_resumes_without_reembedding(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
+    ix = open_index(tiny_kiln, opened)
+    ix.update()
+    # The state a kill leaves mid-update: chunk rows written, the notes' rows (the manifest) not.
+    ix._notes.delete(ids=["Cooking/Pasta.md", "Links.md"])
+    assert ix.status().stale == 2
+    report = ix.update()
+    assert (report.notes_indexed, report.chunks_embedded, report.chunks_reused) == (2, 0, 4)
+    assert ix.count_chunks() == 5 and ix.status().stale == 0
