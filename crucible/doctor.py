@@ -65,28 +65,29 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
         report.problem = "not installed (not on PATH)"
         report.fix = install_hint(spec.name)
         return report
-    try:
-        async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
+        try:
             client = await connect_agent(nursery, spec.argv, extra_env=spec.env, init_timeout=init_timeout,
                                          name=spec.name)
-            try:
-                init = client.init
-                report.speaks_acp = True
-                if init is not None and init.agent_info is not None:
-                    report.agent_info = f"{init.agent_info.name} {init.agent_info.version}"
-                    report.version = init.agent_info.version
-                if init is not None and init.auth_methods:
-                    report.auth_methods = [m.id for m in init.auth_methods]
-                report.logged_in = logged_in(spec.name, {**os.environ, **spec.env})
-                if report.logged_in is False:
-                    report.problem = "no login or API key found"
-                    report.fix = auth_hint(spec.name)
-            finally:
-                await client.aclose()
-    except (AgentStartError, OSError) as exc:
-        report.speaks_acp = False
-        report.problem = str(exc).strip().splitlines()[0][:300]
-        report.fix = ("check that the command runs by hand; for a built-in agent: " + install_hint(spec.name))
+        except (AgentStartError, OSError) as exc:
+            report.speaks_acp = False
+            report.problem = str(exc).strip().splitlines()[0][:300]
+            report.fix = "check that the command runs by hand; for a built-in agent: " + install_hint(spec.name)
+            return report
+        try:
+            init = client.init
+            report.speaks_acp = True
+            if init is not None and init.agent_info is not None:
+                report.agent_info = f"{init.agent_info.name} {init.agent_info.version}"
+                report.version = init.agent_info.version
+            if init is not None and init.auth_methods:
+                report.auth_methods = [m.id for m in init.auth_methods]
+            report.logged_in = logged_in(spec.name, {**os.environ, **spec.env})
+            if report.logged_in is False:
+                report.problem = "no login or API key found"
+                report.fix = auth_hint(spec.name)
+        finally:
+            await client.aclose()
     return report
 
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from acp_host.client import AcpClient
     from crucible.cards import Card
     from crucible.config import Config
+    from crucible.delegation import ChildEventHook, Delegation
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
 BRIDGE_NAME = "crucible"
@@ -114,33 +115,67 @@ class SessionOptions:
     on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
 
+def _kiln_key(kiln: Path) -> Path:
+    return kiln.resolve()
+
+
 class BridgeHost:
-    """The process's one streamable-HTTP endpoint serving every session's bridge."""
+    """The process's one streamable-HTTP endpoint serving every session's bridge, and one
+    kiln watcher per kiln (keeping the index fresh and telling every bridge of changes)."""
 
     def __init__(self) -> None:
         self.app: BridgeHTTP | None = None
         self.port: int | None = None
         self._backends: dict[Path, Any] = {}
+        self._bridges: dict[Path, set[BridgeServer]] = {}
+        self._nursery: trio.Nursery | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
         from mcp_bridge.server import BridgeHTTP, serving_http
 
-        async with BridgeHTTP() as app, serving_http(app, port=0) as port:
-            self.app, self.port = app, port
+        async with trio.open_nursery() as nursery, BridgeHTTP() as app, serving_http(app, port=0) as port:
+            self.app, self.port, self._nursery = app, port, nursery
             try:
                 yield self
             finally:
-                self.app = None
+                self.app = self._nursery = None
+                nursery.cancel_scope.cancel()
 
     def backend(self, kiln: Path, config: Config) -> Any:
-        """One kiln backend per kiln per process: sessions share its index."""
+        """One kiln backend per kiln per process: sessions share its index and its watcher."""
         from crucible.kiln_mcp import CrucibleKilnBackend
 
-        key = kiln.resolve()
+        key = _kiln_key(kiln)
         if key not in self._backends:
-            self._backends[key] = CrucibleKilnBackend(key, config)
+            backend = CrucibleKilnBackend(key, config)
+            self._backends[key] = backend
+            self._bridges[key] = set()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._watch, key, backend)
         return self._backends[key]
+
+    async def _watch(self, key: Path, backend: Any) -> None:
+        async def changed(paths: list[str]) -> None:
+            for bridge in list(self._bridges.get(key, ())):
+                await bridge.notes_changed(paths)
+
+        try:
+            await backend.watch_changes(changed)
+        except Exception as exc:  # a broken watcher must not end the sessions
+            import logging
+
+            logging.getLogger("crucible.sessions").warning("kiln watcher stopped: %s", exc)
+
+    async def mount(self, kiln: Path, bridge: BridgeServer, token: str, base: str) -> None:
+        assert self.app is not None, "BridgeHost must be running"
+        await self.app.mount(bridge, token=token, base=base, watch=False)
+        self._bridges.setdefault(_kiln_key(kiln), set()).add(bridge)
+
+    def unmount(self, kiln: Path, bridge: BridgeServer, base: str) -> None:
+        self._bridges.get(_kiln_key(kiln), set()).discard(bridge)
+        if self.app is not None:
+            self.app.unmount(base)
 
     def url(self, base: str) -> str:
         return f"http://127.0.0.1:{self.port}{base}/mcp"
@@ -166,6 +201,9 @@ class CrucibleSession:
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
         self._resumed_natively = False  # the agent loaded its own history (session/load|resume)
+        # Delegated children (crucible/delegation.py) and the host's view of their events.
+        self.delegation: Delegation | None = None
+        self.on_child_event: ChildEventHook | None = None
 
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
@@ -243,9 +281,16 @@ class CrucibleSession:
         self.writer.append({"type": "user_message", "text": text})
         if not self.writer.meta.title:
             self.writer.meta.title = text.strip().splitlines()[0][:80] if text.strip() else ""
-        return await self.acp.prompt(blocks)
+        try:
+            return await self.acp.prompt(blocks)
+        finally:
+            if self.delegation is not None:  # the turn is over: so are its children
+                with trio.CancelScope(shield=True):
+                    await self.delegation.end_turn()
 
     async def cancel(self) -> None:
+        if self.delegation is not None:
+            self.delegation.cancel_all("the parent turn was cancelled")
         if self.acp is not None:
             await self.acp.cancel()
 
@@ -327,6 +372,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
     from acp_host.client import connect_agent
     from acp_host.jsonrpc import JsonRpcError
     from acp_host.process import AgentStartError
+    from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
     from mcp_bridge.server import BridgeServer, new_token
 
@@ -351,9 +397,10 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
                           ask=session.bridge_ask, observer=session.on_bridge_event,
                           extra={"session": session})
     session.bridge = bridge
+    delegation = Delegation.attach(session, host)
     token = new_token()
     base = f"/s/{session.id}"
-    await host.app.mount(bridge, token=token, base=base)
+    await host.mount(opts.kiln, bridge, token, base)
     try:
         async with trio.open_nursery() as nursery:
             try:
@@ -380,7 +427,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
                            f"({session.bridge_transport}); it will run without them")
                     session.warnings.append(msg)
                     writer.append({"type": "warning", "message": msg})
-                yield session
+                async with delegation.running():
+                    yield session
             except JsonRpcError as exc:
                 raise explain_start_failure(opts.agent, exc) from None
             finally:
@@ -388,7 +436,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
                     await client.aclose()
                 nursery.cancel_scope.cancel()
     finally:
-        host.app.unmount(base) if host.app is not None else None
+        host.unmount(opts.kiln, bridge, base)
         writer.close()
 
 
