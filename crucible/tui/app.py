@@ -1,0 +1,861 @@
+"""`cru chat`: the full-screen terminal chat.
+
+Layout, top to bottom: the transcript (streamed markdown, dimmed thoughts, tool calls with
+their diffs and output), the agent's plan, the permission dialog when something waits for
+the person, the input box, and a status bar (state, agent, card, mode, model, tokens, cost).
+
+Threads of control: prompt-toolkit owns the asyncio loop and the keys; the session runs
+on trio as its guest (see bridge.py). Key handlers hand work to trio with `self.to_trio`;
+trio code changes the model and asks for a paced redraw.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from prompt_toolkit.application import Application
+from prompt_toolkit.buffer import Buffer
+from prompt_toolkit.filters import Condition, has_completions
+from prompt_toolkit.formatted_text import StyleAndTextTuples
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.keys import Keys
+from prompt_toolkit.layout import (
+    ConditionalContainer,
+    Float,
+    FloatContainer,
+    HSplit,
+    Layout,
+    Window,
+)
+from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
+from prompt_toolkit.layout.dimension import Dimension
+from prompt_toolkit.layout.menus import CompletionsMenu
+from prompt_toolkit.styles import Style
+
+from acp_host.session import (
+    CommandsChanged,
+    ConfigOptionsChanged,
+    HistoryReplay,
+    MessageChunk,
+    ModeChanged,
+    PermissionResolved,
+    PlanChanged,
+    SessionError,
+    SessionInfoChanged,
+    ThoughtChunk,
+    ToolCallEvent,
+    TurnEnded,
+    UsageChanged,
+    UserChunk,
+)
+from crucible.errors import CrucibleError
+from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_session
+from crucible.terminal import sanitize
+from crucible.tui.bridge import Pacer, run_with_trio
+from crucible.tui.commands import OWN_COMMANDS, ChatCompleter, mentions, parse_slash
+from crucible.tui.markdown import Fragments
+from crucible.tui.permissions import KEYS, PermissionQueue, save_permission_rule
+from crucible.tui.transcript import (
+    BlockEntry,
+    TextEntry,
+    TranscriptControl,
+    diff_lines,
+    pretty,
+    text_block_lines,
+    tool_call_lines,
+)
+
+STYLE = Style.from_dict({
+    "agent": "",
+    "thought": "italic #8a8a8a",
+    "user": "bold #5fafff",
+    "notice": "#8a8a8a",
+    "error": "bold #ff5f5f",
+    "dim": "#8a8a8a",
+    "md.heading": "bold underline",
+    "md.bold": "bold",
+    "md.italic": "italic",
+    "md.code": "#d7af5f",
+    "md.fence": "#6c6c6c",
+    "md.bullet": "#5fafff",
+    "md.quote": "italic #a8a8a8",
+    "tool.title": "bold",
+    "tool.ok": "#5fd75f",
+    "tool.failed": "#ff5f5f",
+    "tool.running": "#d7d75f",
+    "tool.pending": "#a8a8a8",
+    "tool.output": "#bcbcbc",
+    "terminal": "#bcbcbc",
+    "diff.add": "#5fd75f",
+    "diff.del": "#ff5f5f",
+    "diff.hunk": "#5fafd7",
+    "diff.file": "bold",
+    "plan": "#a8a8a8",
+    "plan.active": "bold #d7d75f",
+    "plan.done": "#5fd75f",
+    "dialog": "bg:#262626",
+    "dialog.title": "bold #ffaf00",
+    "dialog.key": "bold reverse",
+    "separator": "#4e4e4e",
+    "status": "reverse",
+    "status.flash": "reverse bold",
+    "history": "#6c6c6c",
+})
+
+HELP_KEYS = [
+    ("Enter", "send"), ("Esc Enter / Shift-Enter / Ctrl-J", "new line"), ("Ctrl-C", "cancel the turn; twice: leave"),
+    ("Ctrl-D", "leave (on an empty line)"), ("Shift-Tab", "next mode"), ("Ctrl-T", "show/hide thoughts"),
+    ("PageUp / PageDown", "scroll"), ("@note", "attach a note from the kiln"),
+]
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+class ChatUI:
+    """The chat's state, its prompt-toolkit application and its trio side."""
+
+    def __init__(self, opts: SessionOptions, history: History | None = None) -> None:
+        self.opts = opts
+        self.transcript = TranscriptControl()
+        self.queue = PermissionQueue(self.refresh_now)
+        opts.asker = self.queue
+        self.session: CrucibleSession | None = None
+        self.state = "starting"
+        self.flash = ""
+        self.flash_until = 0.0
+        self.last_ctrl_c = 0.0
+        self.show_thoughts = True
+        self.quitting = False
+        self.agent_alive = False
+        self.in_history = False
+        self.notes: list[str] = []
+        self.plan: tuple[Any, ...] = ()
+        self._current: TextEntry | None = None
+        self._tools: dict[str, BlockEntry] = {}
+        self._thoughts: list[TextEntry] = []
+        # usage
+        self.context: tuple[int, int] | None = None
+        self.cost: tuple[float, str] | None = None
+        self.turn_start_cost = 0.0
+        self.turn_tokens: int | None = None
+        self.session_tokens = 0
+        self.turns = 0
+        # trio side (set in main)
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.nursery: trio.Nursery | None = None
+        self.session_scope: trio.CancelScope | None = None
+        self.wake = trio.Event()
+        self.submit_send, self.submit_recv = trio.open_memory_channel[tuple[str, list[dict[str, Any]]]](64)
+
+        self.input = Buffer(
+            multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
+            completer=ChatCompleter(self.agent_commands, lambda: self.notes),
+        )
+        self.app: Application[None] = Application(
+            layout=self._layout(), key_bindings=self._keys(), style=STYLE, full_screen=True,
+            mouse_support=False, max_render_postpone_time=None, refresh_interval=None,
+        )
+        self.pacer = Pacer(self.app)
+
+    # -- layout ----------------------------------------------------------------------------
+    def _layout(self) -> Layout:
+        dialog_visible = Condition(lambda: self.queue.current is not None)
+        plan_visible = Condition(lambda: bool(self.plan))
+        body = HSplit([
+            Window(self.transcript, wrap_lines=False),
+            ConditionalContainer(Window(FormattedTextControl(self._plan_text), height=self._plan_height,
+                                        style="class:plan"), filter=plan_visible),
+            ConditionalContainer(Window(FormattedTextControl(self._dialog_text), height=self._dialog_height,
+                                        style="class:dialog", wrap_lines=True), filter=dialog_visible),
+            Window(FormattedTextControl(self._separator_text), height=1, style="class:separator"),
+            Window(BufferControl(self.input), wrap_lines=True,
+                   height=lambda: Dimension.exact(min(6, max(1, self.input.document.line_count))),
+                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  "),
+            Window(FormattedTextControl(self._status_text), height=1, style="class:status"),
+        ])
+        root = FloatContainer(body, floats=[Float(xcursor=True, ycursor=True,
+                                                  content=CompletionsMenu(max_height=8, scroll_offset=1))])
+        return Layout(root, focused_element=self.input)
+
+    def _plan_height(self) -> Dimension:
+        return Dimension.exact(min(6, len(self.plan) + 1))
+
+    def _plan_text(self) -> StyleAndTextTuples:
+        out: StyleAndTextTuples = [("class:plan", "Plan\n")]
+        for entry in self.plan[:5]:
+            status = getattr(entry, "status", "pending")
+            mark, style = {"completed": ("[x]", "class:plan.done"),
+                           "in_progress": ("[>]", "class:plan.active")}.get(status, ("[ ]", "class:plan"))
+            out.append((style, f" {mark} {sanitize(str(getattr(entry, 'content', '')))}\n"))
+        if len(self.plan) > 5:
+            out.append(("class:plan", f"  … {len(self.plan) - 5} more\n"))
+        return out
+
+    def _dialog_lines(self) -> list[Fragments]:
+        pending = self.queue.current
+        if pending is None:
+            return []
+        ask = pending.ask
+        request = ask.request
+        call = request.tool_call if request is not None else None
+        kind = (call.kind if call is not None else None) or ("bridge tool" if ask.key.bridge else "other")
+        lines: list[Fragments] = [
+            [("class:dialog.title", f"Permission: {sanitize(ask.label)} wants to run "),
+             ("class:tool.title", sanitize(ask.title)), ("class:dim", f"  [{sanitize(kind)}]")],
+        ]
+        details: list[Fragments] = []
+        if call is not None and call.diffs:
+            for diff in call.diffs:
+                details.extend(diff_lines(diff))
+        else:
+            raw = call.raw_input if call is not None else ask.arguments
+            if raw is None and ask.key.summary:
+                raw = ask.key.summary
+            if raw is not None:
+                details.extend(text_block_lines(pretty(raw)))
+        if len(details) > 6:
+            details = details[:6] + [[("class:dim", f"  … {len(details) - 6} more lines")]]
+        lines.extend(details)
+        choices: Fragments = []
+        for key in self.queue.offered_keys(pending):
+            choices += [("class:dialog.key", f" {key} "), ("", f" {KEYS[key][2]}  ")]
+        more = len(self.queue.items) - 1
+        if more:
+            choices.append(("class:dim", f"(+{more} waiting)"))
+        lines.append(choices)
+        return lines
+
+    def _dialog_text(self) -> StyleAndTextTuples:
+        out: StyleAndTextTuples = []
+        for i, line in enumerate(self._dialog_lines()):
+            if i:
+                out.append(("", "\n"))
+            out.extend(line)
+        return out
+
+    def _dialog_height(self) -> Dimension:
+        return Dimension(min=2, max=10, preferred=len(self._dialog_lines()))
+
+    def _separator_text(self) -> StyleAndTextTuples:
+        return [("class:separator", "─" * 200)]
+
+    def _status_text(self) -> StyleAndTextTuples:
+        session = self.session
+        parts = [self.state]
+        parts.append(self.opts.agent.name + (f" › {self.opts.card.name}" if self.opts.card else ""))
+        if session is not None and session.acp is not None:
+            st = session.acp.state
+            if st.current_mode:
+                parts.append(f"mode: {sanitize(st.current_mode)}")
+            for option in st.models[:1]:
+                parts.append(f"model: {sanitize(str(getattr(option, 'current_value', '')))}")
+        if self.context is not None:
+            parts.append(f"ctx {_fmt_tokens(self.context[0])}/{_fmt_tokens(self.context[1])}")
+        if self.session_tokens:
+            parts.append(f"{_fmt_tokens(self.session_tokens)} tok")
+        if self.cost is not None:
+            parts.append(f"{self.cost[0]:.4f} {self.cost[1]}")
+        text = " " + " │ ".join(parts)
+        if self.flash and time.monotonic() < self.flash_until:
+            return [("class:status.flash", f" {self.flash} "), ("class:status", text)]
+        return [("class:status", text)]
+
+    # -- drawing ---------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Output changed: a paced redraw."""
+        self.pacer.request()
+
+    def refresh_now(self) -> None:
+        self.app.invalidate()
+
+    def say_flash(self, text: str, seconds: float = 3.0) -> None:
+        self.flash = text
+        self.flash_until = time.monotonic() + seconds
+        self.refresh_now()
+        if self.app.loop is not None:
+            self.app.loop.call_later(seconds + 0.05, self.app.invalidate)
+
+    def _end_text(self) -> None:
+        if self._current is not None:
+            self._current.finish()
+            self._current = None
+
+    def notice(self, text: str, style: str = "class:notice") -> None:
+        self._end_text()
+        self.transcript.add(BlockEntry([[(style, line)] for line in sanitize(text).split("\n")],
+                                       history=self.in_history))
+        self.refresh()
+
+    def error(self, text: str) -> None:
+        self.notice(text, "class:error")
+
+    def _text(self, kind: str, text: str, *, markdown: bool = True) -> None:
+        cur = self._current
+        if cur is None or cur.kind != kind or cur.history != self.in_history:
+            self._end_text()
+            cur = TextEntry(kind, markdown=markdown, history=self.in_history)
+            if kind == "thought":
+                cur.collapsed = not self.show_thoughts
+                self._thoughts.append(cur)
+            self.transcript.add(cur)
+            self._current = cur
+        cur.append(text)
+
+    # -- events ----------------------------------------------------------------------------
+    def show(self, event: Any) -> None:
+        if isinstance(event, MessageChunk):
+            self._text("agent", event.text)
+        elif isinstance(event, ThoughtChunk):
+            self._text("thought", event.text, markdown=False)
+        elif isinstance(event, UserChunk):
+            self._text("user", event.text, markdown=False)
+        elif isinstance(event, ToolCallEvent):
+            self._end_text()
+            call = event.call
+            entry = self._tools.get(call.tool_call_id)
+            if entry is None:
+                entry = BlockEntry(history=self.in_history)
+                self._tools[call.tool_call_id] = entry
+                self.transcript.add(entry)
+            entry.set_lines(tool_call_lines(call, self._terminal_text))
+        elif isinstance(event, PlanChanged):
+            self.plan = event.entries
+        elif isinstance(event, UsageChanged):
+            self.context = (event.used, event.size)
+            if event.cost is not None:
+                self.cost = (event.cost.amount, event.cost.currency)
+        elif isinstance(event, PermissionResolved):
+            decision = event.decision.kind if event.decision else event.outcome.get("outcome", "")
+            title = event.request.tool_call.title or event.request.tool_call.tool_call_id
+            reason = event.decision.reason if event.decision else event.note
+            self.notice(f"permission: {title} → {decision}" + (f" ({reason})" if reason else ""))
+        elif isinstance(event, HistoryReplay):
+            if event.started:
+                self.notice("── history (replayed by the agent) ──", "class:history")
+                self.in_history = True
+            else:
+                self._end_text()
+                self.in_history = False
+                self.notice("── end of history ──", "class:history")
+        elif isinstance(event, TurnEnded):
+            self._turn_ended(event)
+        elif isinstance(event, SessionError):
+            self.error(event.message)
+            self._check_agent()
+        elif isinstance(event, (ModeChanged, ConfigOptionsChanged, CommandsChanged, SessionInfoChanged)):
+            pass  # the status bar and the completer read the session state
+        self.refresh()
+
+    def _terminal_text(self, terminal_id: str) -> str | None:
+        services = self.session.acp.services if self.session is not None and self.session.acp else None
+        term = getattr(services, "_terminals", {}).get(terminal_id) if services is not None else None
+        return term.text() if term is not None else None
+
+    def _turn_ended(self, event: TurnEnded) -> None:
+        self._end_text()
+        self.turns += 1
+        if event.usage is not None:
+            self.turn_tokens = event.usage.total_tokens
+            self.session_tokens += event.usage.total_tokens
+        if event.error:
+            self.error(f"the turn failed: {event.error}")
+            self._check_agent()
+        elif event.stop_reason == "cancelled":
+            self.notice("the turn was cancelled")
+        elif event.stop_reason != "end_turn":
+            self.notice(f"the turn ended: {event.stop_reason}")
+
+    def _check_agent(self) -> None:
+        session = self.session
+        proc = session.client.process if session is not None and session.client is not None else None
+        if proc is not None and proc.returncode is not None and self.agent_alive:
+            self.agent_alive = False
+            self.state = "agent stopped"
+            self.notice("The agent stopped. Type /restart to start it again, or Ctrl-D to leave.", "class:error")
+            self.wake.set()
+
+    # -- keys ------------------------------------------------------------------------------
+    def _keys(self) -> KeyBindings:
+        kb = KeyBindings()
+        dialog = Condition(lambda: self.queue.current is not None)
+
+        for key in KEYS:
+            @kb.add(key, filter=dialog, eager=True)
+            def _answer(event: KeyPressEvent, key: str = key) -> None:
+                self.answer_permission(key)
+
+        @kb.add("enter", filter=has_completions & Condition(lambda: self.input.complete_state is not None
+                                                             and self.input.complete_state.current_completion
+                                                             is not None))
+        def _take_completion(event: KeyPressEvent) -> None:
+            self.input.complete_state = None
+
+        @kb.add("enter", filter=~dialog)
+        def _submit(event: KeyPressEvent) -> None:
+            self.submit()
+
+        @kb.add("escape", "enter")
+        @kb.add("c-j")
+        def _newline(event: KeyPressEvent) -> None:
+            self.input.insert_text("\n")
+
+        @kb.add("c-c")
+        @kb.add(Keys.SIGINT)
+        def _ctrl_c(event: KeyPressEvent) -> None:
+            self.on_ctrl_c()
+
+        @kb.add("c-d", filter=Condition(lambda: not self.input.text))
+        def _ctrl_d(event: KeyPressEvent) -> None:
+            self.quit()
+
+        @kb.add("s-tab")
+        def _mode(event: KeyPressEvent) -> None:
+            self.to_trio(self.cycle_mode)
+
+        @kb.add("c-t")
+        def _thoughts(event: KeyPressEvent) -> None:
+            self.show_thoughts = not self.show_thoughts
+            for entry in self._thoughts:
+                entry.collapsed = not self.show_thoughts
+            self.refresh_now()
+
+        @kb.add("pageup")
+        def _up(event: KeyPressEvent) -> None:
+            self.transcript.page(1)
+
+        @kb.add("pagedown")
+        def _down(event: KeyPressEvent) -> None:
+            self.transcript.page(-1)
+
+        return kb
+
+    def to_trio(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run an async function as a trio task (from a key handler)."""
+        if self.token is None or self.nursery is None:
+            return
+        nursery = self.nursery
+        try:
+            self.token.run_sync_soon(lambda: nursery.start_soon(fn, *args))
+        except trio.RunFinishedError:
+            pass
+
+    def answer_permission(self, key: str) -> None:
+        answered = self.queue.answer(key)
+        if answered is None:
+            return
+        label, rule = answered
+        if rule is not None:
+            self.to_trio(self.save_rule, *rule)
+
+    async def save_rule(self, tool: str, rule: str) -> None:
+        from crucible.config import config_path
+
+        path = self.opts.config.source or config_path()
+        try:
+            await trio.to_thread.run_sync(save_permission_rule, path, tool, rule)
+        except (OSError, CrucibleError) as exc:
+            self.error(f"could not save the rule {tool} = {rule}: {getattr(exc, 'message', exc)}")
+            return
+        self.notice(f"saved [permissions] {tool} = \"{rule}\" in {path.name}")
+
+    def on_ctrl_c(self) -> None:
+        now = time.monotonic()
+        if now - self.last_ctrl_c < 2.0:
+            self.quit()
+            return
+        self.last_ctrl_c = now
+        session = self.session
+        if session is not None and session.acp is not None and session.acp.turn_running:
+            self.state = "cancelling"
+            self.say_flash("cancelling the turn (Ctrl-C again to leave)")
+            self.to_trio(session.cancel)
+        elif self.input.text:
+            self.input.reset()
+        else:
+            self.say_flash("Ctrl-C again or Ctrl-D to leave")
+
+    def quit(self) -> None:
+        if self.quitting:
+            return
+        self.quitting = True
+        self.state = "leaving"
+        self.refresh_now()
+        if self.token is None:
+            return
+        self.token.run_sync_soon(self._quit_in_trio)
+
+    def _quit_in_trio(self) -> None:
+        if self.session_scope is not None:
+            self.session_scope.cancel()
+        self.wake.set()
+
+    # -- input -----------------------------------------------------------------------------
+    def agent_commands(self) -> dict[str, str]:
+        session = self.session
+        if session is None or session.acp is None:
+            return {}
+        return {c.name: c.description for c in session.acp.state.commands}
+
+    def submit(self) -> None:
+        text = self.input.text
+        if not text.strip():
+            return
+        self.input.append_to_history()
+        self.input.reset()
+        self.transcript.scroll = 0
+        command = parse_slash(text, self.agent_commands())
+        if command is not None and command.own:
+            self.to_trio(self.run_command, command.name, command.args)
+            return
+        self.to_trio(self.send_prompt, text)
+
+    async def send_prompt(self, text: str) -> None:
+        self._end_text()
+        entry = TextEntry("user", markdown=False)
+        entry.append("› " + text)
+        entry.finish()
+        self.transcript.add(entry)
+        if not self.agent_alive:
+            self.error("the agent is not running: /restart starts it again")
+            return
+        blocks = await self.mention_blocks(text)
+        running = self.session is not None and self.session.acp is not None and self.session.acp.turn_running
+        if running:
+            self.notice("(queued: sent when the current turn ends)")
+        self.refresh()
+        try:
+            self.submit_send.send_nowait((text, blocks))
+        except trio.WouldBlock:
+            self.error("too many messages are waiting; wait for the turn to end")
+
+    async def mention_blocks(self, text: str) -> list[dict[str, Any]]:
+        """Each `@note` that names a note in the kiln becomes an embedded resource (or inline
+        text when the agent cannot take embedded context)."""
+        from crucible.kiln.paths import resolve_in_kiln
+
+        names = list(dict.fromkeys(mentions(text)))
+        if not names:
+            return []
+        session = self.session
+        caps = session.client.capabilities if session is not None and session.client is not None else None
+        prompt_caps = getattr(caps, "prompt_capabilities", None)
+        embedded = bool(getattr(prompt_caps, "embedded_context", False))
+        blocks: list[dict[str, Any]] = []
+        for name in names:
+            rel = name if name.endswith(".md") else name + ".md"
+            def load(rel: str = rel) -> str:
+                path = resolve_in_kiln(self.opts.kiln, rel, must_exist=True)
+                return path.read_text(encoding="utf-8", errors="replace")
+
+            try:
+                body = await trio.to_thread.run_sync(load)
+            except (CrucibleError, OSError):
+                self.notice(f"@{name}: no such note in the kiln; sent as plain text")
+                continue
+            if embedded:
+                blocks.append({"type": "resource", "resource": {"uri": f"kiln://notes/{rel}", "text": body,
+                                                                "mimeType": "text/markdown"}})
+            else:
+                blocks.append({"type": "text", "text": f"<note path=\"{rel}\">\n{body}\n</note>"})
+            self.notice(f"attached {rel} ({len(body)} characters)")
+        return blocks
+
+    # -- commands --------------------------------------------------------------------------
+    async def run_command(self, name: str, args: str) -> None:
+        session = self.session
+        acp = session.acp if session is not None else None
+        if name == "help":
+            lines = ["Commands:"] + [f"  /{n:<9} {d}" for n, d in OWN_COMMANDS.items()]
+            agent = self.agent_commands()
+            if agent:
+                lines += ["The agent's commands:"] + [f"  /{n:<9} {sanitize(d)}" for n, d in agent.items()]
+            lines += ["Keys:"] + [f"  {k:<22} {d}" for k, d in HELP_KEYS]
+            self.notice("\n".join(lines))
+        elif name == "exit":
+            self.quit()
+        elif name == "cancel":
+            if session is not None and acp is not None and acp.turn_running:
+                self.state = "cancelling"
+                await session.cancel()
+            else:
+                self.notice("no turn is running")
+        elif name == "usage":
+            self.notice(self.usage_text())
+        elif name == "card":
+            card = self.opts.card
+            if card is None:
+                self.notice("no agent card in this session (cru chat --card NAME)")
+            else:
+                rules = ", ".join(f"{k}={v}" for k, v in card.tools.items()) or "none"
+                self.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
+        elif name == "sessions":
+            await self.list_sessions()
+        elif name == "mode":
+            await self.mode_command(args)
+        elif name == "model":
+            await self.model_command(args)
+        elif name == "restart":
+            self.notice("restarting the agent…")
+            if self.session_scope is not None:
+                self.session_scope.cancel()
+            self.wake.set()
+        else:
+            self.error(f"unknown command /{name}: /help lists the commands")
+        self.refresh()
+
+    def usage_text(self) -> str:
+        lines = []
+        if self.turn_tokens is not None:
+            lines.append(f"last turn: {self.turn_tokens} tokens")
+        lines.append(f"this session: {self.session_tokens} tokens over {self.turns} turns")
+        if self.cost is not None:
+            lines.append(f"cost: {self.cost[0] - self.turn_start_cost:.4f} {self.cost[1]} last turn, "
+                         f"{self.cost[0]:.4f} {self.cost[1]} this session")
+        if self.context is not None:
+            lines.append(f"context: {self.context[0]} of {self.context[1]} tokens")
+        if len(lines) == 1 and not self.session_tokens:
+            lines.append("(the agent has not reported usage yet)")
+        return "\n".join(lines)
+
+    async def list_sessions(self) -> None:
+        store = self.opts.store
+        if store is None:
+            self.notice("no sessions yet")
+            return
+        metas = await trio.to_thread.run_sync(store.list)
+        if not metas:
+            self.notice("no saved sessions")
+            return
+        lines = ["Saved sessions (cru session resume ID):"]
+        for meta in metas[:10]:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.updated))
+            lines.append(f"  {meta.id}  {when}  {meta.agent}  {sanitize(meta.title or '')[:40]}")
+        self.notice("\n".join(lines))
+
+    async def mode_command(self, args: str) -> None:
+        acp = self.session.acp if self.session is not None else None
+        if acp is None or not acp.state.modes:
+            self.notice("the agent offers no modes")
+            return
+        if not args:
+            lines = ["Modes (/mode ID, Shift-Tab cycles):"]
+            for mode in acp.state.modes:
+                mark = "*" if mode.id == acp.state.current_mode else " "
+                lines.append(f" {mark} {mode.id}  {sanitize(mode.name)}"
+                             + (f" — {sanitize(mode.description)}" if mode.description else ""))
+            self.notice("\n".join(lines))
+            return
+        await self.set_mode(args)
+
+    async def set_mode(self, mode_id: str) -> None:
+        acp = self.session.acp if self.session is not None else None
+        if acp is None:
+            return
+        if mode_id not in {m.id for m in acp.state.modes}:
+            self.error(f"no mode {mode_id}: /mode lists them")
+            return
+        try:
+            await acp.set_mode(mode_id)
+        except Exception as exc:  # the agent's refusal is shown, the chat goes on
+            self.error(f"the agent refused mode {mode_id}: {exc}")
+            return
+        self.say_flash(f"mode: {mode_id}")
+
+    async def cycle_mode(self) -> None:
+        acp = self.session.acp if self.session is not None else None
+        if acp is None or not acp.state.modes:
+            self.say_flash("the agent offers no modes")
+            return
+        ids = [m.id for m in acp.state.modes]
+        current = acp.state.current_mode
+        nxt = ids[(ids.index(current) + 1) % len(ids)] if current in ids else ids[0]
+        await self.set_mode(nxt)
+
+    async def model_command(self, args: str) -> None:
+        acp = self.session.acp if self.session is not None else None
+        models = acp.state.models if acp is not None else ()
+        if acp is None or not models:
+            self.notice("the agent offers no model choice")
+            return
+        option = models[0]
+        values: list[tuple[str, str]] = []
+        for item in getattr(option, "options", []) or []:
+            if hasattr(item, "value"):
+                values.append((item.value, item.name))
+            for sub in getattr(item, "options", []) or []:
+                values.append((sub.value, sub.name))
+        if not args:
+            current = getattr(option, "current_value", None)
+            lines = ["Models (/model VALUE):"] + [f" {'*' if v == current else ' '} {sanitize(v)}  {sanitize(n)}"
+                                                  for v, n in values]
+            self.notice("\n".join(lines))
+            return
+        if values and args not in {v for v, _ in values}:
+            self.error(f"no model {args}: /model lists them")
+            return
+        try:
+            await acp.set_config_option(option.id, args)
+        except Exception as exc:  # the agent's refusal is shown, the chat goes on
+            self.error(f"the agent refused model {args}: {exc}")
+            return
+        self.say_flash(f"model: {args}")
+
+    # -- trio main -------------------------------------------------------------------------
+    async def main(self) -> int:
+        self.token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self.load_notes)
+            async with BridgeHost().running() as host:
+                first = True
+                while not self.quitting:
+                    await self.run_session(host, first)
+                    first = False
+                    if self.quitting:
+                        break
+                    if not self.wake.is_set():
+                        await self.wake.wait()  # /restart or leave
+                    self.wake = trio.Event()
+            nursery.cancel_scope.cancel()
+        return 0
+
+    async def load_notes(self) -> None:
+        from crucible.kiln.paths import iter_markdown
+
+        def scan() -> list[str]:
+            out = []
+            for rel in iter_markdown(self.opts.kiln):
+                out.append(rel)
+                if len(out) >= 20000:
+                    break
+            return sorted(out)
+
+        try:
+            self.notes = await trio.to_thread.run_sync(scan)
+        except OSError as exc:
+            self.notice(f"could not list the kiln's notes for @mentions: {exc}")
+
+    async def run_session(self, host: BridgeHost, first: bool) -> None:
+        if not first:
+            self.opts.resume = None  # a restart is a new agent session
+        self.state = "starting agent"
+        self.refresh_now()
+        with trio.CancelScope() as scope:
+            self.session_scope = scope
+            try:
+                async with open_session(self.opts, host) as session:
+                    self.session = session
+                    self.agent_alive = True
+                    session.on_notice = self.notice
+                    for warning in session.warnings:
+                        self.notice(f"warning: {warning}")
+                    self.state = "ready"
+                    await self._show_saved_history(session)
+                    self.refresh_now()
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.pump_events, session)
+                        nursery.start_soon(self.run_turns, session)
+                        await self.wake.wait()
+                        nursery.cancel_scope.cancel()
+            except CrucibleError as exc:
+                self.error(exc.message + (f"\nfix: {exc.fix}" if getattr(exc, "fix", None) else ""))
+                self.notice("/restart tries again; Ctrl-D leaves")
+            finally:
+                self.agent_alive = False
+                self.session = None
+                self.session_scope = None
+                self.plan = ()
+                self.state = "leaving" if self.quitting else "agent stopped"
+                self.refresh_now()
+
+    async def _show_saved_history(self, session: CrucibleSession) -> None:
+        """Resumed: the agent replays its history itself (session/load, shown from the event
+        stream), or it does not (session/resume, or a new session with the transcript as
+        context): then show our own saved transcript, as history."""
+        resumed = self.opts.resume
+        if not resumed or self.opts.store is None:
+            return
+        caps = session.client.capabilities if session.client is not None else None
+        has_resume = getattr(getattr(caps, "session_capabilities", None), "resume", None) is not None
+        if getattr(session, "_resumed_natively", False) and not has_resume:
+            return  # session/load: the replay is in the event stream
+        store = self.opts.store
+        events = await trio.to_thread.run_sync(lambda: list(store.events(resumed)))
+        self.notice(f"── history (saved session {resumed}) ──", "class:history")
+        self.in_history = True
+        for ev in events:
+            kind = ev.get("type")
+            if kind in ("user_message", "history_user_message"):
+                self._end_text()
+                self._text("user", "› " + str(ev.get("text", "")), markdown=False)
+                self._end_text()
+            elif kind == "agent_message":
+                self._text("agent", str(ev.get("text", "")))
+            elif kind == "tool_call" and ev.get("status") in ("completed", "failed"):
+                self.notice(f"tool {ev.get('title') or ev.get('id')} [{ev.get('kind')}] {ev.get('status')}",
+                            "class:history")
+        self._end_text()
+        self.in_history = False
+        self.notice("── end of history ──", "class:history")
+
+    async def pump_events(self, session: CrucibleSession) -> None:
+        assert session.acp is not None
+        channel = session.acp.events
+        while True:
+            try:
+                batch = [await channel.receive()]
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            # Drain what is already there: one wake-up per batch, not per chunk.
+            while len(batch) < 2048:
+                try:
+                    batch.append(channel.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+            for event in batch:
+                session.record(event)
+                self.show(event)
+        self._check_agent()
+
+    async def run_turns(self, session: CrucibleSession) -> None:
+        assert session.acp is not None
+        while True:
+            text, blocks = await self.submit_recv.receive()
+            self.state = "running"
+            self.turn_start_cost = self.cost[0] if self.cost is not None else 0.0
+            self.refresh_now()
+            try:
+                await session.prompt(text, blocks or None)
+            except RuntimeError as exc:
+                self.error(f"could not send the prompt: {exc}")
+            self.state = "ready" if self.agent_alive else "agent stopped"
+            self.refresh_now()
+
+
+def run_tui(opts: SessionOptions) -> int:
+    """`cru chat` without -p: the terminal chat. Returns the exit code."""
+    import sys
+
+    from crucible.config import data_dir
+    from crucible.session_store import SessionStore
+
+    if not sys.stdin.isatty() or not sys.stdout.isatty():
+        raise CrucibleError("the interactive chat needs a terminal",
+                            "run it in a terminal, or use `cru chat -p \"your question\"` in scripts")
+    history: History
+    try:
+        folder = data_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        history = FileHistory(str(folder / "chat-history"))
+    except OSError:
+        history = InMemoryHistory()
+    opts.store = opts.store or SessionStore()
+    ui = ChatUI(opts, history)
+    result = run_with_trio(ui.app, ui.main)
+    return result or 0

@@ -1,0 +1,108 @@
+"""The permission dialog's model: the session's `Asker` for the terminal chat.
+
+Every question (an ACP permission request or a bridge-side ask) waits in one FIFO queue;
+the dialog shows the first one. A question leaves the queue exactly once: answered by a
+key, or withdrawn when its asker is cancelled (the turn was cancelled or ended), so none is
+lost or answered twice. "Always" answers are remembered by the session's policy (the
+session does it); `s` / `x` also save a rule to the config file's `[permissions]`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from acp_host.session import Decision, DecisionKind
+from crucible.errors import CrucibleError
+from crucible.sessions import PermissionAsk
+
+# key -> (decision, save a rule to the config, label)
+KEYS: dict[str, tuple[DecisionKind, bool, str]] = {
+    "y": ("allow_once", False, "allow once"),
+    "a": ("allow_always", False, "allow always"),
+    "s": ("allow_always", True, "allow always + save rule"),
+    "n": ("reject_once", False, "reject once"),
+    "N": ("reject_always", False, "reject always"),
+    "x": ("reject_always", True, "reject always + save rule"),
+}
+
+
+@dataclass(eq=False)
+class Pending:
+    ask: PermissionAsk
+    answered: trio.Event = field(default_factory=trio.Event)
+    decision: Decision | None = None
+
+
+class PermissionQueue:
+    """The TUI's `Asker`: `await queue(ask)` waits for the person's key."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self.items: deque[Pending] = deque()
+        self.on_change = on_change
+
+    async def __call__(self, ask: PermissionAsk) -> Decision:
+        pending = Pending(ask)
+        self.items.append(pending)
+        self.on_change()
+        try:
+            await pending.answered.wait()
+        finally:
+            if pending in self.items:  # withdrawn (cancelled) before an answer
+                self.items.remove(pending)
+                self.on_change()
+        assert pending.decision is not None
+        return pending.decision
+
+    @property
+    def current(self) -> Pending | None:
+        return self.items[0] if self.items else None
+
+    def offered_keys(self, pending: Pending) -> list[str]:
+        """The keys for the choices the agent offered (a bridge ask has all of them)."""
+        request = pending.ask.request
+        if request is None:
+            return list(KEYS)
+        kinds = {o.kind for o in request.options}
+        keys = [key for key, (kind, _, _) in KEYS.items() if kind in kinds]
+        return keys or ["y", "n"]  # an agent that labels its options oddly still gets yes / no
+
+    def answer(self, key: str) -> tuple[str, tuple[str, str] | None] | None:
+        """Answer the first question with a key. Returns what was chosen and the
+        (tool, rule) to save in the config, or None when the key is not an offered choice."""
+        pending = self.current
+        if pending is None or key not in KEYS or key not in self.offered_keys(pending):
+            return None
+        kind, save, label = KEYS[key]
+        self.items.popleft()
+        pending.decision = Decision(kind, f"the person chose {label}")
+        pending.answered.set()
+        self.on_change()
+        rule = (pending.ask.key.name, "allow" if kind == "allow_always" else "deny") if save else None
+        return label, rule
+
+
+def save_permission_rule(path: Path, tool: str, rule: str) -> None:
+    """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file."""
+    import tomli_w
+
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise CrucibleError(f"{path.name} is not valid TOML ({exc})", "fix the file, then save the rule again") from None
+    section = data.setdefault("permissions", {})
+    if not isinstance(section, dict):
+        raise CrucibleError(f"{path.name}: `permissions` is not a table", "make it a [permissions] table")
+    section[tool] = rule
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,155 @@
+"""`cru chat` in a real pseudo-terminal (pexpect), its screen read with pyte (a VT emulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pyte
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
+
+
+class Screen:
+    """A `cru chat` process on a pty of `cols`×`rows`, and what its screen shows."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, cols: int = 80, rows: int = 24) -> None:
+        self.cols, self.rows = cols, rows
+        self.screen = pyte.Screen(cols, rows)
+        self.stream = pyte.ByteStream(self.screen)
+        self.child = pexpect.spawn(argv[0], argv[1:], env=env, cwd=str(cwd), dimensions=(rows, cols),
+                                   timeout=30)
+        self.raw = bytearray()
+
+    def pump(self, timeout: float = 0.05) -> bool:
+        """Feed what the program wrote so far into the emulator; False once it exited."""
+        try:
+            data = self.child.read_nonblocking(65536, timeout=timeout)
+        except pexpect.TIMEOUT:
+            return True
+        except pexpect.EOF:
+            return False
+        self.raw += data
+        self.stream.feed(data)
+        return True
+
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self.screen.display)
+
+    def wait_for(self, what: str | re.Pattern[str] | Callable[[str], bool], timeout: float = 30) -> str:
+        """Wait until the screen shows `what` (text, regex or predicate); returns the screen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = self.pump()
+            shown = self.text()
+            if callable(what) and not isinstance(what, re.Pattern):
+                ok = what(shown)
+            elif isinstance(what, re.Pattern):
+                ok = what.search(shown) is not None
+            else:
+                ok = what in shown
+            if ok:
+                return shown
+            if not alive or time.monotonic() > deadline:
+                raise AssertionError(f"the screen never showed {what!r} (alive={alive}); it shows:\n{shown}")
+
+    def send(self, keys: str | bytes) -> None:
+        self.child.send(keys)
+
+    def type_line(self, text: str) -> None:
+        self.child.send(text)
+        self.wait_for(lambda s: text[-20:] in s, timeout=10)
+        self.child.send("\r")
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.cols, self.rows = cols, rows
+        self.screen.resize(rows, cols)
+        self.child.setwinsize(rows, cols)
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while self.child.isalive() and time.monotonic() < deadline:
+            self.pump(0.1)
+        while self.pump(0.05):
+            pass
+        self.child.wait() if self.child.isalive() else None
+        self.child.close()
+        return self.child.exitstatus if self.child.exitstatus is not None else -(self.child.signalstatus or 0)
+
+    def close(self) -> None:
+        if self.child.isalive():
+            self.child.kill(signal.SIGKILL)
+        self.child.close(force=True)
+
+
+class TuiRunner:
+    def __init__(self, cru: str, env: dict[str, str], kiln: Path, tmp: Path) -> None:
+        self.cru, self.env, self.kiln, self.tmp = cru, env, kiln, tmp
+        self.log = tmp / "agent-log.jsonl"
+        self.screens: list[Screen] = []
+        self.env["TERM"] = "xterm-256color"
+        self.env.pop("NO_COLOR", None)
+
+    def agent_command(self, script: dict[str, Any] | None, name: str = "script.json") -> str:
+        path = self.tmp / name
+        path.write_text(json.dumps({"log": str(self.log), **(script or {})}))
+        return f"{sys.executable} {SCRIPTED} {path}"
+
+    def open(self, script: dict[str, Any] | None, *extra: str, cols: int = 80, rows: int = 24,
+             env: dict[str, str] | None = None) -> Screen:
+        argv = [self.cru, "chat", "--agent-command", self.agent_command(script), "--kiln", str(self.kiln), *extra]
+        screen = Screen(argv, {**self.env, **(env or {})}, self.tmp, cols, rows)
+        self.screens.append(screen)
+        return screen
+
+    def agent_log(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def wait_for_log(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+        """Poll the agent's log file, written by another process (no other channel exists)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in self.agent_log():
+                if pred(entry):
+                    return entry
+            time.sleep(0.05)
+        raise AssertionError(f"agent log never matched; log tail: {self.agent_log()[-5:]}")
+
+
+@pytest.fixture
+def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
+    dest = tmp_path / "kiln"
+    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
+    return dest
+
+
+@pytest.fixture
+def tui(cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> Iterator[TuiRunner]:
+    runner = TuiRunner(cru_bin, clean_env, kiln, tmp_path)
+    yield runner
+    for screen in runner.screens:
+        screen.close()
+
+
+def group_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
