@@ -283,6 +283,10 @@ class SessionServices:
         with trio.CancelScope(shield=True):
             await term.exited.wait()
 
+    def terminal_pids(self) -> list[int]:
+        """Process ids of the terminals not yet released (for diagnostics)."""
+        return [t.process.pid for t in self._terminals.values()]
+
     async def aclose(self) -> None:
         """Kill every terminal this session started and wait for them."""
         self._closed = True

@@ -388,6 +388,8 @@ async def test_terminal_requests_through_the_agent(scripted: Scripted, tmp_path:
                         }
                     },
                     {"terminal": {"command": "sleep", "args": ["60"], "then": ["kill", "wait_for_exit", "release"]}},
+                    # Never released by the agent: the session still owns it and kills it.
+                    {"terminal": {"command": "sleep", "args": ["3601.5"], "then": []}},
                 ]
             ]
         }
@@ -395,6 +397,10 @@ async def test_terminal_requests_through_the_agent(scripted: Scripted, tmp_path:
     async with connected(argv) as client:
         session = await client.new_session(tmp_path)
         await run_turn(session, "go")
+        assert session.services is not None
+        pids = session.services.terminal_pids()
+        assert len(pids) == 1 and _alive(pids[0])
+    assert not _alive(pids[0])
     assert scripted.results("terminal/wait_for_exit") == [
         {"result": {"exitCode": 0, "signal": None}},
         {"result": {"exitCode": None, "signal": "SIGKILL"}},
@@ -403,6 +409,15 @@ async def test_terminal_requests_through_the_agent(scripted: Scripted, tmp_path:
     assert out["result"]["truncated"] is True and out["result"]["output"].endswith("xxEND\n")
     assert len(out["result"]["output"]) == 20
     assert "error" in after_release
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (read from /proc, no waiting)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _summary(events: list[Event]) -> list[Any]:
