@@ -154,6 +154,7 @@ class HeadlessPrinter:
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
     from acp_host.registry import auth_hint
     from acp_host.session import TurnEnded
+    from crucible.delegation import child_event_printer
     from crucible.sessions import BridgeHost, open_session
 
     printer = HeadlessPrinter(fmt)
@@ -161,6 +162,7 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
     ended: TurnEnded | None = None
     async with BridgeHost().running() as host, open_session(opts, host) as session:
         session.on_notice = printer.note
+        session.on_child_event = child_event_printer(fmt, printer.out, printer.err)
         for warning in session.warnings:
             printer.note(f"[warning] {warning}")
         drained = trio.Event()

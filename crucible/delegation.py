@@ -1,0 +1,638 @@
+"""delegate_session: an agent hands a task to a card or another agent, run as a real child
+session (its own agent process and bridge) on the same `BridgeHost`.
+
+One `Delegation` per session (attached by `open_session`). It owns a nursery where every
+child runs as a job — a blocking `delegate_session` call waits for its job, a background one
+returns the job id for `list_jobs` / `get_job_result` / `cancel_job`. Children therefore live
+inside their parent session's task tree: cancelling or ending the parent's turn, or closing the
+parent, cancels them and stops their processes.
+
+Limits: `[delegation]` in the config (enabled, max_depth, allowed_targets, max_concurrent,
+queue, result_max_bytes, timeout_secs) and the delegating session's card (`delegation:`
+enabled, targets, max_depth, relative to that card's session). The tools' own timeout is
+`timeout_secs` + 30 s, so the bridge's flat 30 s never cuts a delegation; the child itself is
+stopped at `timeout_secs`.
+
+What the child gets: the card's instructions (first, as every session), a handoff the parent
+chose (a summary and kiln note paths — never the parent's transcript), and the prompt. Its
+policy is `parent.policy.child(card rules)`, so it can never widen what the parent had; its
+`ask`s go to the parent's person (the parent's asker) labelled with the chain
+("claude › reviewer").
+
+Events: every child event reaches the parent session's `on_child_event` hook as a
+`ChildEvent` (grandchildren bubble up the same way); `child_event_printer` shows them as
+`[child claude › reviewer] ...` lines for `cru chat -p`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Literal
+
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from acp_host.session import (
+    MessageChunk,
+    PermissionResolved,
+    SessionError,
+    ToolCallEvent,
+    TurnEnded,
+)
+from crucible.errors import CrucibleError
+from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
+
+if TYPE_CHECKING:
+    from acp_host.registry import AgentSpec
+    from acp_host.session import Event
+    from crucible.cards import Card
+    from crucible.sessions import BridgeHost, CrucibleSession
+
+# The tool's own timeout is the child's plus this margin, so the child's timeout answers first.
+TOOL_MARGIN_SECS = 30.0
+# How long a finished turn waits for its cancelled children to stop their processes.
+TEARDOWN_SECS = 15.0
+KEEP_FINISHED_JOBS = 50
+
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "timed_out"]
+FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "timed_out"})
+
+DELEGATION_TOOLS = ("delegate_session", "list_jobs", "get_job_result", "cancel_job")
+
+
+# -- events for the host (TUI, -p) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildStatus:
+    """A child's life, as the parent sees it (not an ACP event)."""
+
+    status: Literal["queued", "started", "finished", "notice"]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ChildEvent:
+    """One event of a delegated child (or grandchild), for the parent's `on_child_event`."""
+
+    label: str  # the provenance chain, e.g. "claude › reviewer"
+    job_id: str
+    session_id: str | None  # the child's Crucible session id (None while it is queued)
+    depth: int  # 1 for a child, 2 for a grandchild
+    event: Event | ChildStatus
+
+
+ChildEventHook = Callable[[ChildEvent], None]
+
+
+# -- the tools' arguments and results --------------------------------------------------------
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Handoff(_Args):
+    summary: str = Field(default="", description="what the child needs to know: the task's background, "
+                                                 "what you found so far, constraints")
+    notes: list[str] = Field(default_factory=list, description="kiln-relative paths of notes the child "
+                                                               "should read, e.g. 'Projects/Idea.md'")
+
+
+class DelegateArgs(_Args):
+    target: str = Field(description="a card name (see the cards the person has) or an agent name, "
+                                    "e.g. 'reviewer' or 'opencode'")
+    prompt: str = Field(description="the task for the child, self-contained")
+    context: Handoff | None = Field(default=None, description="a curated handoff: a summary and note paths; "
+                                                              "the child does not see this conversation")
+    background: bool = Field(default=False, description="true: return a job id at once and run the child in "
+                                                        "the background (see get_job_result)")
+
+
+class JobArgs(_Args):
+    job_id: str = Field(description="the job id delegate_session returned")
+
+
+class GetJobArgs(_Args):
+    job_id: str = Field(description="the job id delegate_session returned")
+    wait: bool = Field(default=False, description="true: wait until the job has finished")
+
+
+class NoArgs(_Args):
+    pass
+
+
+class DelegateResult(BaseModel):
+    job_id: str
+    target: str
+    status: JobStatus
+    reply: str = Field(default="", description="the child's reply text")
+    truncated: bool = False
+    child_session: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class JobInfo(BaseModel):
+    job_id: str
+    target: str
+    status: JobStatus
+    background: bool
+    child_session: str | None = None
+    seconds: float = 0.0
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    id: str
+    target: str
+    label: str
+    background: bool
+    status: JobStatus = "queued"
+    parts: list[str] = field(default_factory=list)  # the child's message text so far
+    error: str | None = None
+    child_id: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def seconds(self) -> float:
+        return round((self.ended or time.monotonic()) - self.started, 3)
+
+    def cancel(self, reason: str) -> None:
+        if not self.done.is_set():
+            self.cancel_reason = self.cancel_reason or reason
+            self.scope.cancel()
+
+    def info(self) -> JobInfo:
+        return JobInfo(job_id=self.id, target=self.target, status=self.status, background=self.background,
+                       child_session=self.child_id, seconds=self.seconds)
+
+
+def shape_reply(text: str, limit: int) -> tuple[str, bool]:
+    """The reply within `limit` UTF-8 bytes, with a marked cut when it was longer."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    cut = data[:limit].decode("utf-8", errors="ignore")
+    return (cut + f"\n[truncated: the child's reply was {len(data)} bytes; the first {limit} are shown "
+                  "([delegation] result_max_bytes)]"), True
+
+
+# Absolute paths left after the known roots are replaced: keep only the last part.
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])/(?:[^\s/'\"`:]+/)+")
+
+
+def redact_paths(text: str, roots: list[tuple[Path, str]]) -> str:
+    """No absolute path of the person's machine in what the agent reads."""
+    for root, name in sorted(roots, key=lambda r: len(str(r[0])), reverse=True):
+        if str(root) not in ("", "/"):
+            text = text.replace(str(root), name)
+    return _ABS_PATH.sub("…/", text)
+
+
+def handoff_text(parent_label: str, handoff: Handoff | None, prompt: str) -> str:
+    if handoff is None or (not handoff.summary.strip() and not handoff.notes):
+        return prompt
+    parts = [f'<handoff from="{parent_label}">']
+    if handoff.summary.strip():
+        parts.append(f"<summary>\n{handoff.summary.strip()}\n</summary>")
+    if handoff.notes:
+        listed = "\n".join(f"- {n}" for n in handoff.notes)
+        parts.append(f"<notes hint=\"kiln notes to read with read_note\">\n{listed}\n</notes>")
+    parts.append("</handoff>")
+    return "\n".join(parts) + "\n\n" + prompt
+
+
+# -- the per-session delegation state --------------------------------------------------------
+
+# Live delegations by Crucible session id: a child finds its parent's (for depth and events).
+_LIVE: dict[str, Delegation] = {}
+
+
+class Delegation:
+    """A session's children and the limits on them. Created by `attach`."""
+
+    def __init__(self, session: CrucibleSession, host: BridgeHost, parent: Delegation | None) -> None:
+        self.session = session
+        self.host = host
+        self.parent = parent
+        opts = session.opts
+        self.config = opts.config.delegation
+        card = opts.card
+        self.depth: int = parent.depth + 1 if parent is not None else 0
+        # Levels this session may still delegate below itself.
+        remaining = parent.remaining - 1 if parent is not None else self.config.max_depth
+        if card is not None and card.delegation.max_depth is not None:
+            remaining = min(remaining, card.delegation.max_depth)
+        self.remaining: int = remaining
+        self.enabled = self.config.enabled and (card is None or card.delegation.enabled)
+        self.card_targets = card.delegation.targets if card is not None else None
+        self.limiter = trio.CapacityLimiter(max(1, self.config.max_concurrent))
+        self.jobs: dict[str, Job] = {}
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+
+    # -- wiring --------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, session: CrucibleSession, host: BridgeHost) -> Delegation:
+        """For `open_session`, before the agent lists its tools: the tools on the session's
+        bridge (when delegation is enabled for it). Then `async with d.running():`."""
+        parent = _LIVE.get(session.opts.parent_id) if session.opts.parent_id else None
+        self = cls(session, host, parent)
+        session.delegation = self
+        if self.enabled and session.bridge is not None:
+            for spec in self.tool_specs():
+                session.bridge.add_tool(spec)
+        return self
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Delegation]:
+        """A nursery for the children; on exit every child is cancelled and its process stopped."""
+        _LIVE[self.session.id] = self
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    yield self
+                finally:
+                    self.cancel_all("the parent session closed")
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None
+            _LIVE.pop(self.session.id, None)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        long = float(self.config.timeout_secs) + TOOL_MARGIN_SECS
+        return [
+            ToolSpec("delegate_session", DELEGATE_DESCRIPTION, DelegateArgs, DelegateResult, _delegate_tool,
+                     read_only=False, destructive=False, open_world=True, title="Delegate to a child session",
+                     timeout=long),
+            ToolSpec("list_jobs", "List this session's delegated jobs (background and finished) with their status.",
+                     NoArgs, JobList, _list_jobs_tool, read_only=True, idempotent=True, title="List delegated jobs"),
+            ToolSpec("get_job_result", "The status and, once finished, the reply of a delegated job. "
+                     "wait=true waits for it to finish.", GetJobArgs, DelegateResult, _get_job_tool,
+                     read_only=True, idempotent=True, title="Get a delegated job's result", timeout=long),
+            ToolSpec("cancel_job", "Cancel a delegated job; its child session is stopped.", JobArgs, JobInfo,
+                     _cancel_job_tool, read_only=False, destructive=True, idempotent=True,
+                     title="Cancel a delegated job"),
+        ]
+
+    def emit(self, event: ChildEvent) -> None:
+        hook = self.session.on_child_event
+        if hook is None:
+            return
+        try:
+            hook(event)
+        except Exception as exc:  # a display bug must not break the child
+            self.session.warnings.append(f"the child event hook failed: {type(exc).__name__}: {exc}")
+
+    def redact(self, text: str) -> str:
+        opts = self.session.opts
+        return redact_paths(text, [(opts.kiln, "<kiln>"), (opts.cwd, "<cwd>"), (Path.home(), "~")])
+
+    # -- cancel cascade ------------------------------------------------------------------
+    def cancel_all(self, reason: str) -> None:
+        for job in self.jobs.values():
+            job.cancel(reason)
+
+    async def end_turn(self, reason: str = "the parent turn ended") -> None:
+        """The parent's turn is over: its children stop, and this returns once their
+        processes are gone (bounded by TEARDOWN_SECS)."""
+        running = [j for j in self.jobs.values() if not j.done.is_set()]
+        for job in running:
+            job.cancel(reason)
+        with trio.move_on_after(TEARDOWN_SECS):
+            for job in running:
+                await job.done.wait()
+
+    # -- starting a child ----------------------------------------------------------------
+    async def resolve_target(self, target: str) -> tuple[AgentSpec, Card | None]:
+        from acp_host.registry import AgentRegistryError, known_names, resolve_agent
+        from crucible.cards import load_cards
+
+        opts = self.session.opts
+        try:
+            cards = await trio.to_thread.run_sync(load_cards, opts.kiln, opts.cwd)
+        except CrucibleError as exc:
+            raise ToolError(self.redact(str(exc))) from None
+        card = cards.get(target)
+        name = (card.agent if card is not None else target) or ""
+        if card is not None and not card.agent:
+            return opts.agent, card  # a card that names no agent runs on the parent's agent
+        profiles = opts.config.agents
+        try:
+            spec = resolve_agent(name, profiles=profiles)
+        except AgentRegistryError as exc:
+            if card is None:
+                raise ToolError(
+                    f"unknown delegation target {target!r}: it is neither a card nor an agent. "
+                    f"Cards: {', '.join(sorted(cards)) or 'none'}; agents: {', '.join(known_names(profiles))}"
+                ) from None
+            raise ToolError(self.redact(f"the card {target!r} names the agent {name!r}, which cannot be "
+                                        f"used: {exc.message}")) from None
+        if not spec.found:
+            raise ToolError(f"the agent {spec.name} (for target {target!r}) is not installed on this machine")
+        return spec, card
+
+    def check_allowed(self, target: str) -> None:
+        if not self.enabled:
+            raise ToolError("delegation is turned off for this session ([delegation] enabled = false in the "
+                            "config, or the card does not enable delegation)")
+        if self.remaining < 1:
+            raise ToolError(
+                f"delegation refused: the depth limit is reached — this session ({self.session.label}) is at "
+                f"depth {self.depth} and may not start child sessions (max_depth {self.config.max_depth} in "
+                "[delegation], or the card's delegation.max_depth). Do the task yourself and answer with "
+                "what you found.")
+        allowed = self.config.allowed_targets
+        if allowed is not None and target not in allowed:
+            raise ToolError(f"delegation to {target!r} is not allowed: [delegation] allowed_targets is "
+                            f"{', '.join(allowed) or 'empty'}")
+        if self.card_targets is not None and target not in self.card_targets:
+            raise ToolError(f"delegation to {target!r} is not allowed by this session's card: its "
+                            f"delegation.targets are {', '.join(self.card_targets) or 'empty'}")
+        active = sum(1 for j in self.jobs.values() if not j.done.is_set())
+        if not self.config.queue and active >= self.config.max_concurrent:
+            raise ToolError(
+                f"delegation refused: {active} child sessions are already running, the limit is "
+                f"{self.config.max_concurrent} ([delegation] max_concurrent, queue = false). Wait for one "
+                "with get_job_result(wait=true) or stop one with cancel_job, then try again.")
+
+    async def check_notes(self, handoff: Handoff | None) -> None:
+        if handoff is None:
+            return
+        from crucible.kiln.paths import resolve_in_kiln
+
+        kiln = self.session.opts.kiln
+        for note in handoff.notes:
+            try:
+                await trio.to_thread.run_sync(partial(resolve_in_kiln, kiln, note, must_exist=True))
+            except CrucibleError as exc:
+                raise ToolError(f"context.notes: {self.redact(str(exc))}") from None
+
+    async def submit(self, args: DelegateArgs) -> Job:
+        """Checks, then the child's job in this session's nursery (queued for a slot)."""
+        target = args.target.strip()
+        if not args.prompt.strip():
+            raise ToolError("prompt is empty: give the child a self-contained task")
+        self.check_allowed(target)
+        spec, card = await self.resolve_target(target)
+        await self.check_notes(args.context)
+        if self._nursery is None:
+            raise ToolError("this session is closing; no child can start")
+        name = card.name if card is not None else spec.name
+        label = f"{self.session.label} › {name}" if self.session.label else name
+        job = Job(id=f"job-{next(self._ids)}", target=target, label=label, background=args.background)
+        self.jobs[job.id] = job
+        self._forget_old_jobs()
+        text = handoff_text(self.session.label, args.context, args.prompt)
+        self.session.writer.append({"type": "delegation", "job": job.id, "target": target,
+                                    "background": args.background, "status": "queued"})
+        self._nursery.start_soon(self._run, job, spec, card, text)
+        return job
+
+    def _forget_old_jobs(self) -> None:
+        finished = [j for j in self.jobs.values() if j.done.is_set()]
+        for job in finished[: max(0, len(finished) - KEEP_FINISHED_JOBS)]:
+            del self.jobs[job.id]
+
+    async def _run(self, job: Job, spec: AgentSpec, card: Card | None, text: str) -> None:
+        self.emit(ChildEvent(job.label, job.id, None, self.depth + 1, ChildStatus("queued")))
+        timeout = float(self.config.timeout_secs)
+        try:
+            with job.scope:
+                with trio.move_on_after(timeout) as deadline:
+                    async with self.limiter:
+                        job.status = "running"
+                        await self._run_child(job, spec, card, text)
+                if deadline.cancelled_caught:
+                    job.status = "timed_out"
+                    job.error = (f"the child session {job.label} did not finish within {timeout:g} s "
+                                 "([delegation] timeout_secs); it was stopped")
+        except CrucibleError as exc:
+            job.status, job.error = "failed", self.redact(str(exc))
+        except Exception as exc:  # the job boundary: the parent gets an error result, never a hang
+            job.status, job.error = "failed", self.redact(f"the child session failed: {type(exc).__name__}: {exc}")
+        finally:
+            if job.scope.cancelled_caught and job.status not in FINISHED:
+                job.status = "cancelled"
+                job.error = f"the child session was cancelled: {job.cancel_reason or 'cancelled'}"
+            elif job.status not in FINISHED:
+                job.status = "failed"
+                job.error = job.error or "the child session ended without a result"
+            job.ended = time.monotonic()
+            detail = job.status if job.error is None else f"{job.status}: {job.error}"
+            self.emit(ChildEvent(job.label, job.id, job.child_id, self.depth + 1, ChildStatus("finished", detail)))
+            self.session.writer.append({"type": "delegation", "job": job.id, "target": job.target,
+                                        "child_session": job.child_id, "status": job.status, "error": job.error,
+                                        "seconds": job.seconds})
+            job.done.set()
+
+    async def _run_child(self, job: Job, spec: AgentSpec, card: Card | None, text: str) -> None:
+        from crucible.sessions import SessionOptions, open_session
+
+        p = self.session.opts
+        opts = SessionOptions(
+            agent=spec, kiln=p.kiln, cwd=p.cwd, config=p.config, card=card, asker=p.asker, store=p.store,
+            inactivity_timeout=p.inactivity_timeout, init_timeout=p.init_timeout,
+            parent_policy=self.session.policy, parent_id=self.session.id,
+        )
+        depth = self.depth + 1
+        async with open_session(opts, self.host) as child:
+            job.child_id = child.id
+            child.on_child_event = self.emit  # grandchildren bubble up with their own label
+
+            def notice(message: str) -> None:
+                self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("notice", message)))
+
+            child.on_notice = notice
+            self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("started", spec.name)))
+            drained = trio.Event()
+
+            async def pump() -> None:
+                async for event in child.events():
+                    if isinstance(event, MessageChunk):
+                        job.parts.append(event.text)
+                    self.emit(ChildEvent(job.label, job.id, child.id, depth, event))
+                    if isinstance(event, TurnEnded):
+                        break
+                drained.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump)
+                ended = await child.prompt(text)
+                with trio.move_on_after(5):
+                    await drained.wait()
+                nursery.cancel_scope.cancel()
+        if ended.error:
+            job.status = "failed"
+            job.error = self.redact(f"the child session {job.label} failed: {ended.error}")
+        elif ended.stop_reason == "cancelled":
+            job.status = "cancelled"
+            job.error = f"the child session {job.label} was cancelled"
+        else:
+            job.status = "completed"
+            if ended.stop_reason != "end_turn":
+                job.error = f"the child's turn ended with stopReason {ended.stop_reason}"
+
+    def result(self, job: Job) -> DelegateResult:
+        reply, truncated = shape_reply(job.reply, self.config.result_max_bytes)
+        return DelegateResult(job_id=job.id, target=job.target, status=job.status, reply=reply,
+                              truncated=truncated, child_session=job.child_id, error=job.error,
+                              seconds=job.seconds)
+
+    def job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id.strip())
+        if job is None:
+            known = ", ".join(self.jobs) or "none"
+            raise ToolError(f"no delegated job {job_id!r} in this session (jobs: {known})")
+        return job
+
+
+DELEGATE_DESCRIPTION = (
+    "Hand a task to another agent or to an agent card (a configured role such as 'reviewer'), run as a "
+    "separate child session with its own tools and permissions. The child does not see this conversation: "
+    "put everything it needs in `prompt`, and pass a short `context` (summary, kiln note paths). Returns the "
+    "child's reply; with background=true returns a job id at once (see get_job_result, list_jobs, cancel_job)."
+)
+
+
+# -- tool handlers ---------------------------------------------------------------------------
+
+
+def _delegation(ctx: ToolContext) -> Delegation:
+    session = ctx.extra.get("session")
+    delegation = getattr(session, "delegation", None)
+    if delegation is None:
+        raise ToolError("delegation is not available on this bridge (no Crucible session behind it)")
+    assert isinstance(delegation, Delegation)
+    return delegation
+
+
+async def _await_job(d: Delegation, job: Job, why: str) -> None:
+    try:
+        await job.done.wait()
+    finally:
+        if not job.done.is_set():  # the call itself was cancelled (or timed out): so is the child
+            job.cancel(why)
+
+
+def _failed(d: Delegation, job: Job) -> ToolError:
+    reply, _ = shape_reply(job.reply, min(d.config.result_max_bytes, 4000))
+    partial = f"\nIts reply so far:\n{reply}" if reply.strip() else ""
+    return ToolError(f"{job.error or job.status} (job {job.id}){partial}")
+
+
+async def _delegate_tool(ctx: ToolContext, args: DelegateArgs) -> DelegateResult:
+    d = _delegation(ctx)
+    job = await d.submit(args)
+    if args.background:
+        return DelegateResult(job_id=job.id, target=job.target, status=job.status, seconds=job.seconds)
+    await _await_job(d, job, "the delegate_session call was cancelled")
+    if job.status != "completed":
+        raise _failed(d, job)
+    return d.result(job)
+
+
+async def _list_jobs_tool(ctx: ToolContext, args: NoArgs) -> JobList:
+    d = _delegation(ctx)
+    return JobList(jobs=[j.info() for j in d.jobs.values()])
+
+
+async def _get_job_tool(ctx: ToolContext, args: GetJobArgs) -> DelegateResult:
+    d = _delegation(ctx)
+    job = d.job(args.job_id)
+    if args.wait and not job.done.is_set():
+        # Waiting is not the child's owner: a cancelled wait leaves the job running.
+        await job.done.wait()
+    return d.result(job)
+
+
+async def _cancel_job_tool(ctx: ToolContext, args: JobArgs) -> JobInfo:
+    d = _delegation(ctx)
+    job = d.job(args.job_id)
+    job.cancel("cancelled with cancel_job")
+    with trio.move_on_after(TEARDOWN_SECS):
+        await job.done.wait()
+    return job.info()
+
+
+# -- showing child events in `cru chat -p` ---------------------------------------------------
+
+
+def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
+    """`[child claude › reviewer] ...` lines on `err` (text), or one JSON object per child event
+    on `out` (`--format json`: {"type": "child_event", "label", "job", "session", "depth", "event"})."""
+    from crucible.chat import event_json
+    from crucible.terminal import sanitize
+
+    pending: dict[str, str] = {}  # job -> message text not yet ended by a newline
+
+    def line(label: str, text: str) -> None:
+        err.write(sanitize(f"[child {label}] {text}") + "\n")
+        err.flush()
+
+    def flush(ev: ChildEvent) -> None:
+        rest = pending.pop(ev.job_id, "")
+        if rest.strip():
+            line(ev.label, rest)
+
+    def show(ev: ChildEvent) -> None:
+        e = ev.event
+        if fmt == "json":
+            payload = ({"type": "child_status", "status": e.status, "detail": e.detail}
+                       if isinstance(e, ChildStatus) else event_json(e))
+            out.write(json.dumps({"type": "child_event", "label": ev.label, "job": ev.job_id,
+                                  "session": ev.session_id, "depth": ev.depth, "event": payload},
+                                 ensure_ascii=False) + "\n")
+            out.flush()
+            return
+        if isinstance(e, MessageChunk):
+            text = pending.get(ev.job_id, "") + e.text
+            *done, rest = text.split("\n")
+            for part in done:
+                line(ev.label, part)
+            pending[ev.job_id] = rest
+        elif isinstance(e, ToolCallEvent):
+            c = e.call
+            if e.created or c.status in ("completed", "failed"):
+                line(ev.label, f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {c.status or 'pending'}")
+        elif isinstance(e, PermissionResolved):
+            decision = e.decision.kind if e.decision else e.outcome.get("outcome", "")
+            reason = e.decision.reason if e.decision else e.note
+            line(ev.label, f"[permission] {e.request.tool_call.title or e.request.tool_call.tool_call_id}: "
+                           f"{decision} ({reason})")
+        elif isinstance(e, SessionError):
+            line(ev.label, f"[error] {e.message}")
+        elif isinstance(e, TurnEnded):
+            flush(ev)
+        elif isinstance(e, ChildStatus):
+            if e.status == "finished":
+                flush(ev)
+            if e.status != "queued":
+                line(ev.label, f"{e.status}" + (f": {e.detail}" if e.detail else ""))
+
+    return show
