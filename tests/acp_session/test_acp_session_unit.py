@@ -153,3 +153,39 @@ async def test_session_result_sets_modes_and_models() -> None:
     )
     assert session.state.current_mode == "ask" and [m.id for m in session.state.modes] == ["ask", "code"]
     assert [o.id for o in session.state.models] == ["model"]
+
+
+KINDS = [
+    "agent_message_chunk", "agent_thought_chunk", "user_message_chunk", "tool_call",
+    "tool_call_update", "plan", "current_mode_update", "config_option_update",
+    "available_commands_update", "usage_update", "session_info_update", "brand_new_kind",
+]
+
+
+def _json_values() -> Any:
+    from hypothesis import strategies as st
+
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+        max_leaves=20,
+    )
+
+
+async def test_no_update_shape_raises() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    session = AcpSession(_NoConnection(), "s")
+    field_names = st.sampled_from(
+        ["content", "toolCallId", "title", "status", "entries", "currentModeId", "configOptions",
+         "availableCommands", "used", "size", "cost", "rawInput", "messageId", "locations", "x"]
+    )
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.sampled_from(KINDS), st.dictionaries(field_names, _json_values(), max_size=6))
+    def check(kind: str, fields: dict[str, Any]) -> None:
+        event = session.parse_update({"sessionUpdate": kind, **fields})
+        assert event is not None
+
+    check()
