@@ -18,7 +18,7 @@ from crucible.config import Config, EmbedderConfig, IndexConfig
 from crucible.errors import CrucibleError
 from crucible.kiln import index as index_mod
 from crucible.kiln.embedder import MiniLMEmbedder
-from crucible.kiln.index import LOCK_FILE, REBUILD, STORE_DIR, KilnIndex
+from crucible.kiln.index import LOCK_FILE, REBUILD, STORE_DIR, IndexProgress, KilnIndex
 from crucible.kiln.search import hybrid_search, semantic_search
 
 
@@ -43,7 +43,7 @@ def paths(results: list[Any]) -> list[str]:
 
 def test_full_then_nothing_to_do(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
     ix = open_index(tiny_kiln, opened)
-    seen = []
+    seen: list[IndexProgress] = []
     report = ix.update(progress=seen.append)
     assert (report.notes_seen, report.notes_indexed, report.notes_unchanged) == (3, 3, 0)
     assert report.chunks_embedded == ix.count_chunks() == 5  # pasta: intro + 2 sections

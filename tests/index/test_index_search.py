@@ -113,8 +113,9 @@ def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path
 
 
 def test_property_search(tiny_kiln: Path) -> None:
-    def found(*args: str | None, **kw: str) -> list[str]:
-        return [r.path for r in property_search(tiny_kiln, *args, **kw)]
+    def found(query: str | None = None, *, key: str | None = None, value: str | None = None,
+              tag: str | None = None) -> list[str]:
+        return [r.path for r in property_search(tiny_kiln, query, key=key, value=value, tag=tag)]
 
     assert found("status:draft") == ["Cooking/Pasta.md"]
     assert found(key="status", value="DONE") == ["Garden/Compost.md"]
