@@ -42,7 +42,7 @@ import trio
 from acp import schema
 from pydantic import BaseModel, ValidationError
 
-from acp_host.jsonrpc import ConnectionClosed, JsonRpcError
+from acp_host.jsonrpc import REQUEST_CANCELLED, ConnectionClosed, JsonRpcError
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
@@ -439,7 +439,6 @@ class AcpSession:
         self._pending: set[_PendingPermission] = set()
         self._busy = 0
         self._last_activity = trio.current_time()
-        self._activity = trio.Event()
         self.closed = False
 
     # -- state from session/new|load|resume --------------------------------------------
@@ -683,7 +682,12 @@ class AcpSession:
                 with turn.scope:
                     result = await self._conn.request("session/prompt", params)
             except JsonRpcError as e:
-                error = f"the agent failed the turn: {describe_rpc_error(e)}"
+                if e.code == REQUEST_CANCELLED and turn.cancel_requested_at is not None:
+                    # Some agents answer a cancelled prompt with -32800 instead of the
+                    # stopReason the spec asks for: same meaning.
+                    result = {"stopReason": "cancelled"}
+                else:
+                    error = f"the agent failed the turn: {describe_rpc_error(e)}"
             except ConnectionClosed:
                 error = await self._conn.describe_exit()
             finally:

@@ -606,3 +606,28 @@ async def test_flood_through_a_small_buffer_loses_nothing(scripted: Scripted, tm
             result = await session.prompt("flood")
     assert result.stop_reason == "end_turn"
     assert len(received) == 20001 and received[-1] == "END" and set(received[:-1]) == {"x"}
+
+
+async def test_cancel_with_the_sdk_agent(tmp_path: Path) -> None:
+    async def never(request: PermissionRequest) -> Decision:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    events: list[Event] = []
+    async with connected([sys.executable, str(SDK_AGENT)]) as client:
+        session = await client.new_session(tmp_path, policy=never)
+
+        async def consume() -> None:
+            async for event in session.events:
+                events.append(event)
+                if isinstance(event, PermissionRequested):
+                    await session.cancel()
+                if isinstance(event, TurnEnded):
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            result = await session.prompt("hello")
+    assert result.stop_reason == "cancelled" and result.ok
+    assert texts(events, MessageChunk).endswith("permission: cancelled")
+    assert [e.call.status for e in events if isinstance(e, ToolCallEvent)][-1] == "failed"

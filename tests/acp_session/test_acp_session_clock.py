@@ -30,7 +30,9 @@ OPTIONS = [
 
 
 @asynccontextmanager
-async def in_memory_agent(on_prompt: Prompt, tmp_path: Path, **session_kwargs: Any) -> AsyncIterator[AcpSession]:
+async def in_memory_agent(
+    on_prompt: Prompt, tmp_path: Path, cancelled: trio.Event | None = None, **session_kwargs: Any
+) -> AsyncIterator[AcpSession]:
     client_stream, agent_stream = trio.testing.memory_stream_pair()
     agent = JsonRpcPeer(agent_stream, agent_stream, name="agent")
     cancels: list[Any] = []
@@ -46,6 +48,8 @@ async def in_memory_agent(on_prompt: Prompt, tmp_path: Path, **session_kwargs: A
 
     async def agent_notifications(method: str, params: Any) -> None:
         cancels.append(params)
+        if method == "session/cancel" and cancelled is not None:
+            cancelled.set()
 
     agent.request_handler = agent_requests
     agent.notification_handler = agent_notifications
@@ -166,3 +170,34 @@ async def test_permission_after_the_turn_is_answered_cancelled(autojump_clock: A
     assert late_answers == [{"outcome": {"outcome": "cancelled"}}]
     resolved = [e for e in events if isinstance(e, PermissionResolved)]
     assert resolved and resolved[0].note == "no turn in progress"
+
+
+async def test_cancel_answered_with_request_cancelled_error(autojump_clock: Any, tmp_path: Path) -> None:
+    cancelled = trio.Event()
+
+    async def on_prompt(agent: JsonRpcPeer, params: Any) -> Any:
+        await say(agent, "working")
+        await cancelled.wait()
+        raise JsonRpcError(-32800, "request cancelled")  # not the stopReason the spec asks for
+
+    async with in_memory_agent(on_prompt, tmp_path, cancelled=cancelled) as session:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_soon() -> None:
+                await trio.sleep(1)
+                await session.cancel()
+
+            nursery.start_soon(cancel_soon)
+            result, _ = await run_turn(session, "go")
+    assert result.ok and result.stop_reason == "cancelled"
+
+
+async def test_agent_error_is_shown_with_its_data(autojump_clock: Any, tmp_path: Path) -> None:
+    async def on_prompt(agent: JsonRpcPeer, params: Any) -> Any:
+        raise JsonRpcError(-32603, "Internal error", {"details": "Unable to connect to API\x1b[31m"})
+
+    async with in_memory_agent(on_prompt, tmp_path) as session:
+        result, _ = await run_turn(session, "go")
+    assert result.error is not None
+    assert "Internal error (code -32603)" in result.error and "Unable to connect to API" in result.error
+    assert "\x1b" not in result.error  # control characters never reach the terminal
