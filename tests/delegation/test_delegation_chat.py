@@ -3,7 +3,15 @@ scripted-agent subprocesses, each with its own bridge; the parent calls the tool
 
 from __future__ import annotations
 
-from conftest import Setup, agent_script, delegate_step, pids_running, tool_json, tool_step, tool_text
+from conftest import (
+    Setup,
+    agent_script,
+    delegate_step,
+    pids_running,
+    tool_json,
+    tool_step,
+    tool_text,
+)
 
 HELPER_BODY = "You are the helper. Answer in one line."
 
