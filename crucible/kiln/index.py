@@ -359,6 +359,13 @@ class KilnIndex:
         """Open (or create) the kiln's index. `rebuild=True` first throws the stored index
         away — the way out of a damaged local store, which cannot even be opened."""
         root = Path(root).resolve()
+        name = config.index.collection
+        if not _COLLECTION_NAME.fullmatch(name):
+            raise CrucibleError(
+                f"[index] collection {name!r} is not a usable Chroma collection name",
+                f'use 3 to 60 letters, digits, ".", "_" or "-", starting and ending with a letter '
+                f'or digit, e.g. collection = "{_suggest(name)}"',
+            )
         embedder = make_embedder(config.embedder)
         url = config.index.url
         if url:
@@ -383,15 +390,24 @@ class KilnIndex:
             built_with = meta.get("embedder")
             if built_with is None:
                 self._notes.modify(metadata=self._identity())
-        if built_with is None:
-            pass
-        elif built_with != self.embedder.name:
+                return
+        other = meta.get("kiln")
+        if self.local_store is None and other not in (None, self.root.name):
+            # A server is shared: never let this kiln's update wipe another kiln's index.
+            raise IndexUnusableError(
+                f"the collection {self.name!r} on {self.store} holds the index of another kiln "
+                f"({other!r})",
+                f'give this kiln its own collection: [index] collection = "{_suggest(self.root.name)}" '
+                f"in the config (or replace that index: {REBUILD})",
+            )
+        if built_with != self.embedder.name:
             self.needs_rebuild = f"the index was built with {built_with}, the config asks for {self.embedder.name}"
         elif meta.get("format") != INDEX_FORMAT:
             self.needs_rebuild = f"the index has format {meta.get('format')}, this version writes {INDEX_FORMAT}"
 
     def _identity(self) -> dict[str, Any]:
-        return {"embedder": self.embedder.name, "format": INDEX_FORMAT}
+        # The kiln's folder name only (no path): tells kilns apart on a shared server.
+        return {"embedder": self.embedder.name, "format": INDEX_FORMAT, "kiln": self.root.name}
 
     def _collection(self, name: str) -> Any:
         try:
@@ -812,6 +828,15 @@ class KilnIndex:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+_COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,58}[A-Za-z0-9]")
+
+
+def _suggest(name: str) -> str:
+    """A valid collection name made from `name` (a kiln folder name, say)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:50]
+    return f"kiln-{clean}" if clean else "kiln-notes"
 
 
 def chunk_path(chunk_id: str) -> str:

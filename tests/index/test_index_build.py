@@ -287,3 +287,29 @@ def test_interrupted_update_resumes_without_reembedding(tiny_kiln: Path, opened:
     report = ix.update()
     assert (report.notes_indexed, report.chunks_embedded, report.chunks_reused) == (2, 0, 4)
     assert ix.count_chunks() == 5 and ix.status().stale == 0
+
+
+def test_shared_server_collection_is_not_taken_over_silently(
+    tmp_path: Path, opened: list[KilnIndex], chroma_server: str
+) -> None:
+    config = Config(index=IndexConfig(url=chroma_server, collection="shared-coll"))
+    first = tmp_path / "work-notes"
+    write_notes(first, {"A.md": "# A\n\nAlpha.\n"})
+    open_index(first, opened, config).update()
+    second = tmp_path / "home notes"
+    write_notes(second, {"B.md": "# B\n\nBeta.\n"})
+    with pytest.raises(CrucibleError) as err:
+        open_index(second, opened, config)
+    assert "'work-notes'" in err.value.message
+    assert 'collection = "kiln-home-notes"' in (err.value.fix or "")
+    # the first kiln's index is intact; a rebuild from the second one takes the collection over
+    assert sorted(open_index(first, opened, config).manifest()) == ["A.md"]
+    taken = open_index(second, opened, config, rebuild=True)
+    assert taken.update().notes_indexed == 1 and sorted(taken.manifest()) == ["B.md"]
+
+
+def test_bad_collection_name(tiny_kiln: Path) -> None:
+    with pytest.raises(CrucibleError) as err:
+        KilnIndex.open(tiny_kiln, Config(index=IndexConfig(collection="my notes!")))
+    assert "not a usable Chroma collection name" in err.value.message
+    assert 'collection = "kiln-my-notes"' in (err.value.fix or "")
