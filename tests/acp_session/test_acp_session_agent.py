@@ -631,3 +631,47 @@ async def test_cancel_with_the_sdk_agent(tmp_path: Path) -> None:
     assert result.stop_reason == "cancelled" and result.ok
     assert texts(events, MessageChunk).endswith("permission: cancelled")
     assert [e.call.status for e in events if isinstance(e, ToolCallEvent)][-1] == "failed"
+
+
+async def test_recording_with_a_cancel_replays(scripted: Scripted, tmp_path: Path) -> None:
+    argv = scripted.argv(
+        {
+            "prompts": [
+                {
+                    "steps": [
+                        {"text": "about to ask"},
+                        {"permission": {"toolCall": {"toolCallId": "k1", "title": "Kill"}, "options": GEMINI_OPTIONS}},
+                    ],
+                    "after_cancel": [{"text": " cancelled, as you wish."}],
+                }
+            ]
+        }
+    )
+    recording = tmp_path / "cancel.jsonl"
+
+    async def never(request: PermissionRequest) -> Decision:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def scenario(argv: list[str], record_to: Path | None = None) -> list[Any]:
+        events: list[Event] = []
+        async with connected(argv, record_to=record_to) as client:
+            session = await client.new_session(tmp_path, policy=never)
+
+            async def consume() -> None:
+                async for event in session.events:
+                    events.append(event)
+                    if isinstance(event, PermissionRequested):
+                        await session.cancel()
+                    if isinstance(event, TurnEnded):
+                        return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consume)
+                await session.prompt("go")
+        return _summary(events)
+
+    live = await scenario(argv, recording)
+    replayed = await scenario([sys.executable, "-m", "acp_host.recording", "replay", str(recording)])
+    assert replayed == live and live[-1] == ("end", "cancelled", None)
+    assert ("MessageChunk", " cancelled, as you wish.") in live
