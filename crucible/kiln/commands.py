@@ -218,7 +218,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         index = _open_existing(root, config)
     except CrucibleError as exc:
-        index_info = {"status": "none", "problem": exc.message, "fix": exc.fix}
+        none = not config.index.url and not (root / STORE_DIR).is_dir()
+        index_info = {"status": "none" if none else "unusable", "problem": exc.message, "fix": exc.fix}
     else:
         try:
             status = index.status()

@@ -68,6 +68,9 @@ def test_search_without_index_and_damaged_index(
     assert done.returncode == 1
     assert "no index yet" in done.stderr and "fix: cru kiln index" in done.stderr
     assert not (tiny_kiln / ".crucible").exists()  # searching created nothing
+    info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json")
+    assert json.loads(info.stdout)["index"]["status"] == "none"
+    assert not (tiny_kiln / ".crucible").exists()
 
     store = tiny_kiln / ".crucible" / "chroma"
     store.mkdir(parents=True)
@@ -78,6 +81,7 @@ def test_search_without_index_and_damaged_index(
     assert "Traceback" not in done.stderr and str(tiny_kiln) not in done.stderr
     info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json")
     assert json.loads(info.stdout)["index"]["fix"] == "cru kiln index --rebuild"
+    assert json.loads(info.stdout)["index"]["status"] == "unusable"
 
     done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln), "--rebuild")
     assert done.returncode == 0, done.stderr
