@@ -249,7 +249,7 @@ class AcpAgentServer:
         self._host_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._ask_ids = itertools.count(1)
-        self._warmed = False
+        self._warm: trio.Event | None = None
 
     # -- running ------------------------------------------------------------------------
     async def run(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
@@ -292,20 +292,31 @@ class AcpAgentServer:
             await trio.sleep_forever()
 
     async def _warm_up(self) -> None:
-        if self._warmed:
+        if self._warm is not None:
             return
-        self._warmed = True
+        self._warm = trio.Event()
         try:
             await trio.to_thread.run_sync(_warm_imports)
-            await self._bridge_host()
         except Exception:  # the first session/new reports it properly
             logger.debug("warm-up failed", exc_info=True)
+        finally:
+            self._warm.set()
+        try:
+            await self._bridge_host()
+        except Exception:
+            logger.debug("warm-up failed", exc_info=True)
+
+    async def _warmed(self) -> None:
+        # Importing the same modules on two threads at once can see one half-initialised.
+        if self._warm is not None:
+            await self._warm.wait()
 
     # -- editor -> us ---------------------------------------------------------------------
     async def on_request(self, method: str, params: Any) -> Any:
         p: dict[str, Any] = params if isinstance(params, dict) else {}
         if method == "initialize":
             return self.initialize(p)
+        await self._warmed()
         if method == "session/new":
             return await self.new_session(p)
         if method in ("session/load", "session/resume"):

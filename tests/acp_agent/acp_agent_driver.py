@@ -1,0 +1,137 @@
+"""An editor for tests: the ACP SDK's client side (asyncio) driving `cru acp` as a subprocess.
+
+Run it from a sync test with `asyncio.run(...)`; it records what an editor would see (raw
+frames, typed updates, permission requests, fs calls) and answers like a person would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from acp import spawn_agent_process
+from acp.connection import StreamDirection, StreamEvent
+from acp.schema import (
+    AgentMessageChunk,
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    InitializeResponse,
+    PermissionOption,
+    ReadTextFileResponse,
+    RequestPermissionResponse,
+    TextContentBlock,
+    ToolCallUpdate,
+    WriteTextFileResponse,
+)
+
+T = TypeVar("T")
+
+
+class Editor:
+    """Implements the SDK's `Client` protocol (the parts `cru acp` uses)."""
+
+    def __init__(self, *, answer: str | None = "allow_once", fs: bool = True,
+                 buffers: dict[str, str] | None = None) -> None:
+        self.answer = answer  # the option kind the person picks; None: they never answer
+        self.fs = fs
+        self.buffers = dict(buffers or {})  # unsaved editor buffers by absolute path
+        self.frames: list[dict[str, Any]] = []  # every raw frame cru acp sent us
+        self.updates: list[tuple[str, Any]] = []
+        self.permissions: list[dict[str, Any]] = []
+        self.fs_calls: list[tuple[str, str]] = []
+        self.asked = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    def observe(self, event: StreamEvent) -> None:
+        if event.direction == StreamDirection.INCOMING:
+            self.frames.append(event.message)
+
+    def update_frames(self, kind: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for f in self.frames:
+            if f.get("method") == "session/update":
+                upd = f["params"]["update"]
+                if kind is None or upd.get("sessionUpdate") == kind:
+                    out.append(f["params"])
+        return out
+
+    def text(self, session_id: str | None = None) -> str:
+        return "".join(u.content.text for sid, u in self.updates
+                       if isinstance(u, AgentMessageChunk) and isinstance(u.content, TextContentBlock)
+                       and (session_id is None or sid == session_id))
+
+    # -- the Client protocol -----------------------------------------------------------------
+    async def request_permission(self, options: list[PermissionOption], session_id: str,
+                                 tool_call: ToolCallUpdate, **kwargs: Any) -> RequestPermissionResponse:
+        self.permissions.append({"session_id": session_id, "title": tool_call.title,
+                                 "tool_call_id": tool_call.tool_call_id, "kinds": [o.kind for o in options]})
+        self.asked.set()
+        if self.answer is None:
+            # The person has not answered; after session/cancel the editor answers cancelled.
+            await self.cancelled.wait()
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        for option in options:
+            if option.kind == self.answer:
+                return RequestPermissionResponse(
+                    outcome=AllowedOutcome(outcome="selected", option_id=option.option_id))
+        return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append((session_id, update))
+
+    async def read_text_file(self, session_id: str, path: str, line: int | None = None,
+                             limit: int | None = None, **kwargs: Any) -> ReadTextFileResponse:
+        self.fs_calls.append(("read", path))
+        return ReadTextFileResponse(content=self.buffers.get(path, ""))
+
+    async def write_text_file(self, session_id: str, path: str, content: str,
+                              **kwargs: Any) -> WriteTextFileResponse:
+        self.fs_calls.append(("write", path))
+        self.buffers[path] = content
+        return WriteTextFileResponse()
+
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        return None
+
+
+async def drive(argv: list[str], env: dict[str, str], editor: Editor, stderr_path: Path,
+                body: Callable[[Any, InitializeResponse], Awaitable[T]], *, timeout: float = 120) -> tuple[T, int]:
+    """Start `argv` (cru acp), initialize as `editor`, run `body(conn, init)`, close stdin.
+    Returns body's result and the exit code of cru acp (it must exit on its own on EOF)."""
+    with open(stderr_path, "ab") as err:
+        async with spawn_agent_process(
+            editor, argv[0], *argv[1:], env=env, observers=[editor.observe],
+            transport_kwargs={"stderr": err.fileno(), "limit": 64 * 1024 * 1024, "shutdown_timeout": 20.0},
+        ) as (conn, proc):
+            caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=editor.fs, write_text_file=editor.fs),
+                                      terminal=False)
+            init = await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=caps), 30)
+            result = await asyncio.wait_for(body(conn, init), timeout)
+        assert proc.returncode is not None
+        return result, proc.returncode
+
+
+def pids_with(marker: str) -> list[int]:
+    """Live processes whose command line contains `marker` (zombies count as gone), not
+    counting `cru acp` itself (its --agent-command holds the marker too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        cmdline = b" ".join(args).decode(errors="replace")
+        if marker in cmdline and state != "Z" and b"--agent-command" not in args:
+            found.append(int(entry))
+    return found

@@ -1,0 +1,328 @@
+"""`cru acp` with the scripted agent as backend, driven by the ACP SDK's client side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from acp import RequestError
+from acp.schema import InitializeResponse, McpServerStdio, TextContentBlock
+from acp_agent_driver import Editor, drive, pids_with
+from conftest import ECHO_MCP, AcpSetup
+
+
+def run(acp: AcpSetup, editor: Editor, body: Any, *extra: str, agent_command: str | None = None) -> Any:
+    result, code = asyncio.run(drive(acp.argv(*extra, agent_command=agent_command), acp.env, editor,
+                                     acp.stderr_path, body))
+    assert code == 0, acp.stderr()[-3000:]  # cru acp ended on its own when the editor closed stdin
+    assert not pids_with(str(acp.script_path)), "a backend agent outlived cru acp"
+    return result
+
+
+def text(prompt: str) -> list[TextContentBlock]:
+    return [TextContentBlock(type="text", text=prompt)]
+
+
+def test_initialize_is_answered_without_starting_a_backend(acp: AcpSetup) -> None:
+    acp.script({})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> InitializeResponse:
+        return init
+
+    init = run(acp, editor, body)
+    caps = init.agent_capabilities
+    assert init.protocol_version == 1
+    assert caps is not None and caps.load_session is True
+    assert caps.mcp_capabilities is not None and caps.mcp_capabilities.http and caps.mcp_capabilities.sse
+    assert caps.session_capabilities is not None and caps.session_capabilities.list is not None
+    assert caps.session_capabilities.close is not None and caps.session_capabilities.resume is not None
+    assert init.agent_info is not None and init.agent_info.name == "crucible"
+    assert not acp.log_path.exists(), "the backend was started for initialize"
+
+
+@pytest.mark.parametrize("case", ["missing", "crashes"])
+def test_a_backend_that_cannot_start_fails_session_new_with_the_fix(acp: AcpSetup, case: str) -> None:
+    acp.script({"startup": [{"crash": {"code": 3, "stderr": "boom: no model configured"}}]})
+    command = "/nonexistent/agent-xyz --acp" if case == "missing" else acp.agent_command
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> RequestError:
+        with pytest.raises(RequestError) as info:
+            await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        # The connection is still up: initialize again works.
+        again = await conn.initialize(protocol_version=1)
+        assert again.protocol_version == 1
+        return info.value
+
+    err = run(acp, editor, body, agent_command=command)
+    message = str(err)
+    assert message.strip(), "empty error message"
+    assert "fix:" in message, message
+    if case == "missing":
+        assert "/nonexistent/agent-xyz` does not exist" in message, message
+    else:
+        assert "exit code 3" in message and "boom: no model configured" in message, message
+        assert "cru doctor" in message, message
+
+
+def test_a_prompt_streams_and_every_update_passes_through(acp: AcpSetup) -> None:
+    acp.script({
+        "new_session": {"after": [{"commands": [{"name": "compact", "description": "Compact the context"}]}]},
+        "prompts": [[
+            {"text": "Hello "}, {"thought": "thinking"}, {"text": "world"},
+            {"update": {"sessionUpdate": "future_widget", "payload": {"x": 1}}},
+            {"plan": [{"content": "read the notes", "priority": "high", "status": "pending"}]},
+            {"usage": {"used": 10, "size": 1000}},
+        ]],
+    })
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[str, Any]:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("hi"))
+        return new.session_id, (new, resp)
+
+    sid, (new, resp) = run(acp, editor, body)
+    assert resp.stop_reason == "end_turn"
+    assert editor.text(sid) == "Hello world"
+    updates = editor.update_frames()
+    assert updates and all(u["sessionId"] == sid for u in updates)  # ours, never the backend's
+    assert sid != "sess-1"
+    # A variant nobody knows reaches the editor exactly as the backend sent it.
+    widget = editor.update_frames("future_widget")
+    assert [w["update"] for w in widget] == [{"sessionUpdate": "future_widget", "payload": {"x": 1}}]
+    assert editor.update_frames("plan")[0]["update"]["entries"][0]["content"] == "read the notes"
+    assert editor.update_frames("usage_update")[0]["update"]["used"] == 10
+    # Streamed: the chunks came before the prompt's answer.
+    positions = [i for i, f in enumerate(editor.frames) if f.get("method") == "session/update"
+                 and f["params"]["update"].get("sessionUpdate") == "agent_message_chunk"]
+    answer = next(i for i, f in enumerate(editor.frames) if "result" in f and "stopReason" in (f["result"] or {}))
+    assert positions and max(positions) < answer
+    # The backend's commands plus Crucible's; the card selector among the config options.
+    commands = editor.update_frames("available_commands_update")[-1]["update"]["availableCommands"]
+    assert {"compact", "card", "kiln-search"} <= {c["name"] for c in commands}
+    card_option = next(o for o in new.config_options if o.id == "crucible_card")
+    assert card_option.current_value == "none"
+    values = {o.value for o in card_option.options}
+    assert {"none", "reviewer", "librarian", "planner"} <= values
+
+
+@pytest.mark.parametrize("answer,option", [("allow_once", "allow"), ("reject_once", "reject")])
+def test_a_backend_permission_request_is_decided_in_the_editor(acp: AcpSetup, answer: str, option: str) -> None:
+    options = [{"optionId": "allow_always", "name": "Always Allow", "kind": "allow_always"},
+               {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+               {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]
+    acp.script({"prompts": [[
+        {"tool_call": {"toolCallId": "t1", "title": "Edit src/app.py", "kind": "edit", "status": "pending"}},
+        {"permission": {"toolCall": {"toolCallId": "t1", "title": "Edit src/app.py", "kind": "edit"},
+                        "options": options}, "as": "edit"},
+        # Crucible's own read-only bridge tool: its policy answers, the editor is not asked.
+        {"permission": {"toolCall": {"toolCallId": "t2", "title": "mcp__crucible__semantic_search",
+                                     "kind": "other"}, "options": options}, "as": "bridge"},
+    ]]})
+    editor = Editor(answer=answer)
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("edit it"))
+        assert resp.stop_reason == "end_turn"
+        return str(new.session_id)
+
+    sid = run(acp, editor, body)
+    assert [(p["session_id"], p["title"], p["tool_call_id"]) for p in editor.permissions] == \
+        [(sid, "Edit src/app.py", "t1")]
+    assert editor.permissions[0]["kinds"] == ["allow_always", "allow_once", "reject_once"]
+    assert acp.results("edit") == [{"outcome": {"outcome": "selected", "optionId": option}}]
+    assert acp.results("bridge") == [{"outcome": {"outcome": "selected", "optionId": "allow"}}]
+
+
+@pytest.mark.parametrize("editor_fs", [True, False])
+def test_fs_goes_to_the_editor_when_it_serves_fs(acp: AcpSetup, editor_fs: bool) -> None:
+    path = acp.work / "notes.txt"
+    path.write_text("saved on disk\n")
+    out = acp.work / "out.txt"
+    acp.script({"prompts": [[{"read": {"path": str(path)}, "as": "read"},
+                             {"write": {"path": str(out), "content": "written by the agent\n"}, "as": "write"}]]})
+    editor = Editor(fs=editor_fs, buffers={str(path): "unsaved in the editor\n"})
+
+    async def body(conn: Any, init: InitializeResponse) -> None:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("read it"))
+        assert resp.stop_reason == "end_turn"
+
+    run(acp, editor, body)
+    if editor_fs:
+        assert acp.results("read") == [{"content": "unsaved in the editor\n"}]
+        assert editor.fs_calls == [("read", str(path)), ("write", str(out))]
+        assert editor.buffers[str(out)] == "written by the agent\n"
+        assert not out.exists()
+    else:
+        assert acp.results("read") == [{"content": "saved on disk\n"}]
+        assert editor.fs_calls == []
+        assert out.read_text() == "written by the agent\n"
+
+
+def test_the_editors_mcp_server_reaches_the_backend(acp: AcpSetup) -> None:
+    calls = acp.tmp / "echo-calls.jsonl"
+    acp.script({"new_session": {"list_mcp_tools": True},
+                "prompts": [[{"mcp_call": {"server": "editor-notes", "tool": "semantic_search",
+                                           "arguments": {"query": "sourdough"}}, "as": "call"}]]})
+    editor = Editor()
+    server = McpServerStdio(name="editor-notes", command=sys.executable, args=[str(ECHO_MCP), "--log", str(calls)],
+                            env=[])
+
+    async def body(conn: Any, init: InitializeResponse) -> None:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[server])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("search"))
+        assert resp.stop_reason == "end_turn"
+
+    run(acp, editor, body)
+    listed = {e["server"]: e.get("tools") for e in acp.log() if e.get("kind") == "mcp_tools"}
+    assert listed.get("editor-notes") == ["semantic_search"], listed
+    assert "semantic_search" in (listed.get("crucible") or []), listed  # the kiln bridge beside it
+    result = acp.results("call")[0]
+    assert "Best match" in json.dumps(result), result
+    assert json.loads(calls.read_text().splitlines()[0])["query"] == "sourdough"
+
+
+def test_cancel_answers_the_pending_permission_cancelled_on_both_sides(acp: AcpSetup) -> None:
+    acp.script({"prompts": [{"steps": [
+        {"tool_call": {"toolCallId": "t1", "title": "Run rm -rf build", "kind": "execute", "status": "pending"}},
+        {"permission": {"toolCall": {"toolCallId": "t1"}, "options": [
+            {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}, "as": "perm"},
+        {"stall": None}]}]})
+    editor = Editor(answer=None)
+
+    async def body(conn: Any, init: InitializeResponse) -> Any:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        turn = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=text("clean up")))
+        await asyncio.wait_for(editor.asked.wait(), 30)
+        await conn.cancel(session_id=new.session_id)
+        editor.cancelled.set()
+        resp = await asyncio.wait_for(turn, 30)
+        await conn.close_session(session_id=new.session_id)
+        alive = pids_with(str(acp.script_path))
+        return resp, alive
+
+    resp, alive_after_close = run(acp, editor, body)
+    assert resp.stop_reason == "cancelled"
+    assert acp.results("perm") == [{"outcome": {"outcome": "cancelled"}}]
+    assert len(acp.inbound("session/cancel")) == 1
+    assert alive_after_close == []
+
+
+def test_close_ends_the_backend_and_eof_ends_everything(acp: AcpSetup) -> None:
+    acp.script({})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[list[int], list[int], list[int]]:
+        first = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        running = pids_with(str(acp.script_path))
+        await conn.close_session(session_id=first.session_id)
+        after_close = pids_with(str(acp.script_path))
+        await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        return running, after_close, pids_with(str(acp.script_path))
+
+    running, after_close, two_open = run(acp, editor, body)  # run() checks none is left after EOF
+    assert len(running) == 1 and after_close == [] and len(two_open) == 2
+
+
+def test_cards_are_a_config_option_and_a_slash_command(acp: AcpSetup) -> None:
+    acp.script({})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[Any, Any]:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        sid = new.session_id
+        changed = await conn.set_config_option(session_id=sid, config_id="crucible_card", value="reviewer")
+        await conn.prompt(session_id=sid, prompt=text("review my change"))
+        await conn.prompt(session_id=sid, prompt=text("/card librarian"))
+        await conn.prompt(session_id=sid, prompt=text("tidy my notes"))
+        with pytest.raises(RequestError) as bad:
+            await conn.set_config_option(session_id=sid, config_id="crucible_card", value="nosuchcard")
+        return changed, bad.value
+
+    changed, bad = run(acp, editor, body)
+    option = next(o for o in changed.config_options if o.id == "crucible_card")
+    assert option.current_value == "reviewer"
+    prompts = [f["params"]["prompt"] for f in acp.inbound("session/prompt")]
+    assert len(prompts) == 2  # the slash command never reached the backend
+    assert prompts[0][0]["text"].startswith('<instructions card="reviewer">')
+    assert prompts[1][0]["text"].startswith('<instructions card="librarian">')
+    assert "Card: librarian" in editor.text()
+    assert "nosuchcard" in str(bad) and "reviewer" in str(bad)
+
+
+def test_sessions_are_listed_and_loaded_from_crucibles_transcripts(acp: AcpSetup) -> None:
+    acp.script({})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[str, Any]:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=text("remember the word apple"))
+        await conn.close_session(session_id=new.session_id)
+        listed = await conn.list_sessions(cwd=str(acp.work))
+        editor.updates.clear()
+        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
+        replayed = list(editor.updates)
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("and now?"))
+        assert resp.stop_reason == "end_turn"
+        return new.session_id, (listed, replayed)
+
+    sid, (listed, replayed) = run(acp, editor, body)
+    assert [s.session_id for s in listed.sessions] == [sid]
+    assert listed.sessions[0].cwd == str(acp.work) and listed.sessions[0].title == "remember the word apple"
+    kinds = [(type(u).__name__, u.content.text) for s, u in replayed if s == sid and hasattr(u, "content")]
+    assert ("UserMessageChunk", "remember the word apple") in kinds
+    assert ("AgentMessageChunk", "echo: remember the word apple") in kinds
+    # The backend resumed its own session (it advertises session/resume).
+    assert [f["params"]["sessionId"] for f in acp.inbound("session/resume")] == ["sess-1"]
+    assert "echo: and now?" in editor.text(sid)
+
+
+def test_a_malformed_frame_gets_an_error_and_the_connection_stays_up(acp: AcpSetup) -> None:
+    acp.script({})
+    with open(acp.stderr_path, "wb") as err:
+        proc = subprocess.Popen(acp.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                env=acp.env)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(line: bytes) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+
+    def receive() -> dict[str, Any]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, acp.stderr()[-2000:]
+        frame: dict[str, Any] = json.loads(line)
+        return frame
+
+    try:
+        send(b"this is not json")
+        assert receive() == {"jsonrpc": "2.0", "id": None,
+                             "error": {"code": -32700, "message": "parse error: not JSON (JSONDecodeError)"}}
+        send(b'{"jsonrpc": "2.0", "id": 7, "method": 42}')
+        reply = receive()
+        assert reply["id"] == 7 and reply["error"]["code"] == -32600
+        send(b'{"jsonrpc": "2.0", "id": "x", "method": "no/such_method", "params": {}}')
+        reply = receive()
+        assert reply["id"] == "x" and reply["error"]["code"] == -32601
+        send(json.dumps({"jsonrpc": "2.0", "id": 8, "method": "initialize",
+                         "params": {"protocolVersion": 1, "clientCapabilities": {}}}).encode())
+        reply = receive()
+        assert reply["id"] == 8 and reply["result"]["protocolVersion"] == 1
+    finally:
+        proc.stdin.close()
+        code = proc.wait(timeout=30)
+    assert code == 0
+    time.sleep(0)
