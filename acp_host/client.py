@@ -438,17 +438,20 @@ async def connect_agent(
     record_to: str | os.PathLike[str] | None = None,
     client_name: str = "crucible",
     max_line_bytes: int = 64 * 1024 * 1024,
+    process: AgentProcess | None = None,
 ) -> AcpClient:
     """Start the agent `argv`, connect, and initialize it. The client (and the agent process)
     live in `nursery`; `await client.aclose()` ends them. Raises AgentStartError naming the
     command, with its stderr tail, if the agent cannot start, exits, refuses or does not
-    answer initialize within `init_timeout` seconds."""
+    answer initialize within `init_timeout` seconds. `process`: an agent already started
+    from `argv` (a host spawns early to overlap the agent's boot with its own imports)."""
     command = shlex.join(argv)
     recorder = await Recorder.open(record_to, agent=command) if record_to is not None else None
     try:
-        process = await AgentProcess.start(
-            nursery, list(argv), env=env, extra_env=extra_env, cwd=cwd, name=name
-        )
+        if process is None:
+            process = await AgentProcess.start(
+                nursery, list(argv), env=env, extra_env=extra_env, cwd=cwd, name=name
+            )
     except BaseException:
         if recorder is not None:
             await recorder.aclose()

@@ -152,17 +152,29 @@ class HeadlessPrinter:
 
 
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
-    from acp_host.registry import auth_hint
     from acp_host.session import TurnEnded
-    from crucible.delegation import child_event_printer
-    from crucible.sessions import BridgeHost, open_session
+    from crucible.sessions import preload, spawn_agent
 
     printer = HeadlessPrinter(fmt)
     cancelled_by_user = False
     ended: TurnEnded | None = None
-    async with BridgeHost().running() as host, open_session(opts, host) as session:
+    async with trio.open_nursery() as owner:
+        process = await spawn_agent(owner, opts)
+        await trio.to_thread.run_sync(preload)
+        ended, cancelled_by_user = await _one_turn(opts, text, printer, process)
+    return _exit_code(opts, ended, printer)
+
+
+async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any) -> tuple[Any, bool]:
+    from acp_host.session import TurnEnded
+    from crucible.delegation import child_event_printer
+    from crucible.sessions import BridgeHost, open_session
+
+    cancelled_by_user = False
+    ended: TurnEnded | None = None
+    async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
         session.on_notice = printer.note
-        session.on_child_event = child_event_printer(fmt, printer.out, printer.err)
+        session.on_child_event = child_event_printer(printer.fmt, printer.out, printer.err)
         for warning in session.warnings:
             printer.note(f"[warning] {warning}")
         drained = trio.Event()
@@ -193,6 +205,12 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
             with trio.move_on_after(5):
                 await drained.wait()
             nursery.cancel_scope.cancel()
+    return ended, cancelled_by_user
+
+
+def _exit_code(opts: Any, ended: Any, printer: HeadlessPrinter) -> int:
+    from acp_host.registry import auth_hint
+
     if ended is None:
         return EXIT_CANCELLED
     if ended.error:

@@ -26,18 +26,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from acp_host.registry import AgentSpec
-from acp_host.session import (
-    AcpSession,
-    Decision,
-    Event,
-    MessageChunk,
-    PermissionRequest,
-    PermissionResolved,
-    ThoughtChunk,
-    ToolCallEvent,
-    TurnEnded,
-    UserChunk,
-)
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     READ_ONLY_BRIDGE_TOOLS,
@@ -48,7 +36,11 @@ from crucible.permissions import (
 from crucible.session_store import SessionMeta, SessionStore, SessionWriter, new_session_id
 
 if TYPE_CHECKING:
+    # acp_host.session pulls in acp.schema (~1 s): imported where needed, after the agent is
+    # spawned, so the agent boots while we import (see `spawn_agent`).
     from acp_host.client import AcpClient
+    from acp_host.process import AgentProcess
+    from acp_host.session import AcpSession, Decision, Event, PermissionRequest, TurnEnded
     from crucible.cards import Card
     from crucible.config import Config
     from crucible.delegation import ChildEventHook, Delegation
@@ -73,15 +65,19 @@ class PermissionAsk:
 
 
 # The person (TUI dialog, -p flags, the editor, or a parent session) answers with a Decision.
-Asker = Callable[[PermissionAsk], Awaitable[Decision]]
+Asker = Callable[[PermissionAsk], Awaitable["Decision"]]
 
 
 async def deny_asker(ask: PermissionAsk) -> Decision:
+    from acp_host.session import Decision
+
     return Decision("reject_once", "nobody to ask (no --approve-all)")
 
 
 def approve_all_asker(reason: str = "--approve-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
+        from acp_host.session import Decision
+
         return Decision("allow_once", reason)
 
     return asker
@@ -89,6 +85,8 @@ def approve_all_asker(reason: str = "--approve-all") -> Asker:
 
 def deny_all_asker(reason: str = "--deny-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
+        from acp_host.session import Decision
+
         return Decision("reject_once", reason)
 
     return asker
@@ -208,6 +206,8 @@ class CrucibleSession:
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
         """The agent asks, over ACP."""
+        from acp_host.session import Decision
+
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
@@ -302,6 +302,15 @@ class CrucibleSession:
             yield event
 
     def record(self, event: Event) -> None:
+        from acp_host.session import (
+            MessageChunk,
+            PermissionResolved,
+            ThoughtChunk,
+            ToolCallEvent,
+            TurnEnded,
+            UserChunk,
+        )
+
         w = self.writer
         if isinstance(event, MessageChunk):
             w.append({"type": "agent_message", "text": event.text})
@@ -347,6 +356,28 @@ def _bridge_entry(client: AcpClient, url: str, token: str) -> dict[str, Any]:
             "env": [{"name": TOKEN_ENV, "value": token}]}
 
 
+async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProcess:
+    """Start the agent process now, before the heavy imports, so it boots while we import;
+    hand it to `open_session(..., process=)`. Its owner is `nursery` until then."""
+    from acp_host.process import AgentProcess, AgentStartError
+
+    try:
+        return await AgentProcess.start(nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env},
+                                        cwd=opts.cwd, name=opts.agent.name)
+    except (AgentStartError, OSError) as exc:
+        raise explain_start_failure(opts.agent, exc) from None
+
+
+def preload() -> None:
+    """The modules a session needs (acp.schema, the mcp SDK, hypercorn): ~2 s of imports, run
+    in a thread while the agent boots."""
+    import hypercorn.trio  # noqa: F401
+
+    import acp_host.client  # noqa: F401
+    import crucible.kiln_mcp  # noqa: F401
+    import mcp_bridge.server  # noqa: F401
+
+
 def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
     """One clear message with the fix for an agent that cannot start or refuses us."""
     from acp_host.registry import auth_hint, install_hint
@@ -367,8 +398,10 @@ def _first_line(text: str) -> str:
 
 
 @asynccontextmanager
-async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[CrucibleSession]:
-    """Start the agent, its bridge and its ACP session; tear all of them down on exit."""
+async def open_session(opts: SessionOptions, host: BridgeHost, *,
+                       process: AgentProcess | None = None) -> AsyncIterator[CrucibleSession]:
+    """Start the agent, its bridge and its ACP session; tear all of them down on exit.
+    `process`: the agent already spawned by `spawn_agent` (it then belongs to this session)."""
     from acp_host.client import connect_agent
     from acp_host.jsonrpc import JsonRpcError
     from acp_host.process import AgentStartError
@@ -407,6 +440,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
                     name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record,
+                    process=process,
                 )
             except (AgentStartError, OSError) as exc:
                 raise explain_start_failure(opts.agent, exc) from None
@@ -432,6 +466,9 @@ async def open_session(opts: SessionOptions, host: BridgeHost) -> AsyncIterator[
             except JsonRpcError as exc:
                 raise explain_start_failure(opts.agent, exc) from None
             finally:
+                # Close the bridge first: node agents keep running while an MCP stream is open,
+                # and exit on stdin EOF only once it is gone (saves the 2 s SIGTERM grace).
+                host.unmount(opts.kiln, bridge, base)
                 with trio.CancelScope(shield=True):
                     await client.aclose()
                 nursery.cancel_scope.cancel()
