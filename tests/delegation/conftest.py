@@ -39,7 +39,7 @@ def agent_script(*turn: dict[str, Any], http: bool = True, **extra: Any) -> dict
 
 
 def card_text(description: str, body: str, **front: Any) -> str:
-    lines = ["---", f"description: {description}"]
+    lines = ["---", f"description: {json.dumps(description)}"]
     for key, value in front.items():
         lines.append(f"{key}: {json.dumps(value)}")  # JSON is YAML
     return "\n".join(lines) + "\n---\n" + body + "\n"
