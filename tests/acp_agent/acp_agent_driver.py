@@ -102,21 +102,21 @@ class Editor:
         return None
 
 
-async def drive(argv: list[str], env: dict[str, str], editor: Editor, stderr_path: Path,
-                body: Callable[[Any, InitializeResponse], Awaitable[T]], *, timeout: float = 120) -> tuple[T, int]:
-    """Start `argv` (cru acp), initialize as `editor`, run `body(conn, init)`, close stdin.
-    Returns body's result and the exit code of cru acp (it must exit on its own on EOF)."""
-    with open(stderr_path, "ab") as err:
-        async with spawn_agent_process(
-            editor, argv[0], *argv[1:], env=env, observers=[editor.observe],
-            transport_kwargs={"stderr": err.fileno(), "limit": 64 * 1024 * 1024, "shutdown_timeout": 20.0},
-        ) as (conn, proc):
-            caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=editor.fs, write_text_file=editor.fs),
-                                      terminal=False)
-            init = await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=caps), 30)
-            result = await asyncio.wait_for(body(conn, init), timeout)
-        assert proc.returncode is not None
-        return result, proc.returncode
+async def drive(argv: list[str], env: dict[str, str], editor: Editor, stderr_fd: int,
+                body: Callable[[Any, InitializeResponse], Awaitable[T]], *, body_seconds: float = 120) -> tuple[T, int]:
+    """Start `argv` (cru acp, its stderr to `stderr_fd`), initialize as `editor`, run
+    `body(conn, init)`, close stdin. Returns body's result and the exit code of cru acp (it
+    must exit on its own on EOF)."""
+    async with spawn_agent_process(
+        editor, argv[0], *argv[1:], env=env, observers=[editor.observe],  # type: ignore[arg-type]
+        transport_kwargs={"stderr": stderr_fd, "limit": 64 * 1024 * 1024, "shutdown_timeout": 20.0},
+    ) as (conn, proc):
+        caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=editor.fs, write_text_file=editor.fs),
+                                  terminal=False)
+        init = await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=caps), 30)
+        result = await asyncio.wait_for(body(conn, init), body_seconds)
+    assert proc.returncode is not None
+    return result, proc.returncode
 
 
 def pids_with(marker: str) -> list[int]:

@@ -6,6 +6,7 @@ import json
 import shlex
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,55 @@ def acp(tmp_path: Path, clean_env: dict[str, str], fixture_kiln_src: Path, cru_b
     kiln = tmp_path / "kiln"
     shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
     return AcpSetup(tmp_path, clean_env, kiln, cru_bin)
+
+
+@pytest.fixture(scope="session")
+def npm_ready() -> None:
+    import agent_env
+
+    reason = agent_env.ensure_npm()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def acpx_bin(npm_ready: None) -> str:
+    import agent_env
+
+    bin_dir = agent_env.npm_bin_dir()
+    acpx = bin_dir / "acpx" if bin_dir is not None else None
+    if acpx is None or not acpx.exists():
+        pytest.skip(f"acpx is not installed in {bin_dir} (scripts/setup-npm installs it)")
+    return str(acpx)
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[Any]:
+    from fake_llm import FakeLLM
+
+    with FakeLLM() as llm:
+        yield llm
+
+
+class RealClaude:
+    """`cru acp -a claude` (the real claude-agent-acp from npm) against the fake LLM, offline."""
+
+    def __init__(self, acp: AcpSetup, llm: Any) -> None:
+        import agent_env
+
+        self.acp, self.llm = acp, llm
+        _, env = agent_env.agent_launch("claude", llm.url, acp.tmp / "home")
+        self.env = {**env, "XDG_CONFIG_HOME": acp.env["XDG_CONFIG_HOME"], "XDG_DATA_HOME": acp.env["XDG_DATA_HOME"]}
+
+    def argv(self, *extra: str) -> list[str]:
+        import netns
+
+        argv = [self.acp.cru, "acp", "-a", "claude", "--kiln", str(self.acp.kiln), *extra]
+        if netns.unavailable_reason() is None:
+            argv = netns.wrap(argv, [self.llm.port])
+        return argv
+
+
+@pytest.fixture
+def real_claude(npm_ready: None, acp: AcpSetup, fake_llm: Any) -> RealClaude:
+    return RealClaude(acp, fake_llm)

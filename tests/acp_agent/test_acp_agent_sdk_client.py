@@ -17,8 +17,9 @@ from conftest import ECHO_MCP, AcpSetup
 
 
 def run(acp: AcpSetup, editor: Editor, body: Any, *extra: str, agent_command: str | None = None) -> Any:
-    result, code = asyncio.run(drive(acp.argv(*extra, agent_command=agent_command), acp.env, editor,
-                                     acp.stderr_path, body))
+    with open(acp.stderr_path, "ab") as err:
+        result, code = asyncio.run(drive(acp.argv(*extra, agent_command=agent_command), acp.env, editor,
+                                         err.fileno(), body))
     assert code == 0, acp.stderr()[-3000:]  # cru acp ended on its own when the editor closed stdin
     assert not pids_with(str(acp.script_path)), "a backend agent outlived cru acp"
     return result
