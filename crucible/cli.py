@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     k_search.add_argument("query", metavar="QUERY")
     k_search.add_argument("--mode", choices=["hybrid", "semantic", "text", "property"], default=None)
     k_search.add_argument("--limit", type=int, default=10)
+    k_search.add_argument("--regex", action="store_true", help="text mode: QUERY is a regular expression")
+    k_search.add_argument("--case-sensitive", action="store_true", help="text mode: match case")
     k_info = ksub.add_parser("info", help="what is in the kiln and its index")
     for p in (k_index, k_search, k_info):
         _add_kiln(p)
