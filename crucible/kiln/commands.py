@@ -163,14 +163,17 @@ def _format_result(n: int, r: SearchResult) -> str:
 
 def cmd_search(args: argparse.Namespace) -> int:
     root, config = _setup(args)
-    mode: SearchMode = args.mode or DEFAULT_MODE
+    mode: SearchMode = args.mode or ("text" if getattr(args, "regex", False) else DEFAULT_MODE)
     index: KilnIndex | None = None
     try:
         if mode in ("semantic", "hybrid"):
             index = _open_existing(root, config)
             if index.count_notes() == 0:
                 raise CrucibleError("the kiln's index is empty", "cru kiln index")
-        results = run_search(mode, root, index, args.query, args.limit)
+        results = run_search(
+            mode, root, index, args.query, args.limit,
+            regex=getattr(args, "regex", False), case_sensitive=getattr(args, "case_sensitive", False),
+        )
     finally:
         if index is not None:
             index.close()

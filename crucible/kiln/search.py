@@ -468,11 +468,12 @@ def property_search(
 
 
 def run_search(
-    mode: SearchMode, root: Path, index: KilnIndex | None, query: str, limit: int = 10,
+    mode: SearchMode, root: Path, index: KilnIndex | None, query: str, limit: int = 10, *,
+    regex: bool = False, case_sensitive: bool = False,
 ) -> list[SearchResult]:
     """One entry point for callers that take a mode (the CLI); text/property need no index."""
     if mode == "text":
-        return text_search(root, query, limit)
+        return text_search(root, query, limit, regex=regex, case_sensitive=case_sensitive)
     if mode == "property":
         return property_search(root, query, limit=limit)
     if index is None:

@@ -96,6 +96,15 @@ def test_property_search_cli(cru_bin: str, clean_env: dict[str, str], tiny_kiln:
                "--json", "status:done")
     assert done.returncode == 0, done.stderr
     assert [r["path"] for r in json.loads(done.stdout)["results"]] == ["Garden/Compost.md"]
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", "--regex",
+               r"^## S\w+")
+    results = json.loads(done.stdout)["results"]
+    assert [(r["path"], [m["line"] for m in r["matches"]]) for r in results] == [("Cooking/Pasta.md", [9, 13])]
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", "--mode", "text",
+               "--case-sensitive", "GARLIC")
+    assert json.loads(done.stdout)["results"] == []
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--regex", "(oops")
+    assert done.returncode == 1 and "invalid regular expression" in done.stderr
 
 
 @pytest.mark.slow
