@@ -47,7 +47,7 @@ def child_profile(agent: str, tmp: Path, llm_url: str | None) -> dict[str, Any]:
     import agent_env
 
     assert llm_url is not None
-    argv, env = agent_env.agent_launch(agent, llm_url, tmp / "home-child")  # type: ignore[arg-type]
+    argv, env = agent_env.agent_launch(agent, llm_url, tmp / "home-child")
     return {"command": argv[0], "args": argv[1:], "env": env}
 
 
@@ -56,7 +56,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from acp_host.session import MessageChunk, TurnEnded
     from crucible.config import AgentProfile, Config, DelegationConfig
     from crucible.session_store import SessionStore
-    from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, approve_all_asker, open_session
+    from crucible.sessions import (
+        BridgeHost,
+        CrucibleSession,
+        SessionOptions,
+        approve_all_asker,
+        open_session,
+    )
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-delegate-"))
     kiln = tmp / "kiln"

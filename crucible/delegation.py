@@ -169,7 +169,8 @@ class Job:
     child_id: str | None = None
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
-    done: trio.Event = field(default_factory=trio.Event)
+    settled: trio.Event = field(default_factory=trio.Event)  # status and reply are final
+    done: trio.Event = field(default_factory=trio.Event)  # and the child's process is gone
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
 
@@ -428,28 +429,30 @@ class Delegation:
                     async with self.limiter:
                         job.status = "running"
                         await self._run_child(job, spec, card, text)
-                if deadline.cancelled_caught:
-                    job.status = "timed_out"
-                    job.error = (f"the child session {job.label} did not finish within {timeout:g} s "
-                                 "([delegation] timeout_secs); it was stopped")
+                if deadline.cancelled_caught and not job.settled.is_set():
+                    self._settle(job, "timed_out", f"the child session {job.label} did not finish within "
+                                                   f"{timeout:g} s ([delegation] timeout_secs); it was stopped")
         except CrucibleError as exc:
-            job.status, job.error = "failed", self.redact(str(exc))
+            self._settle(job, "failed", self.redact(str(exc)))
         except Exception as exc:  # the job boundary: the parent gets an error result, never a hang
-            job.status, job.error = "failed", self.redact(f"the child session failed: {type(exc).__name__}: {exc}")
+            self._settle(job, "failed", self.redact(f"the child session failed: {type(exc).__name__}: {exc}"))
         finally:
-            if job.scope.cancelled_caught and job.status not in FINISHED:
-                job.status = "cancelled"
-                job.error = f"the child session was cancelled: {job.cancel_reason or 'cancelled'}"
-            elif job.status not in FINISHED:
-                job.status = "failed"
-                job.error = job.error or "the child session ended without a result"
-            job.ended = time.monotonic()
-            detail = job.status if job.error is None else f"{job.status}: {job.error}"
-            self.emit(ChildEvent(job.label, job.id, job.child_id, self.depth + 1, ChildStatus("finished", detail)))
-            self.session.writer.append({"type": "delegation", "job": job.id, "target": job.target,
-                                        "child_session": job.child_id, "status": job.status, "error": job.error,
-                                        "seconds": job.seconds})
+            if job.scope.cancelled_caught:
+                self._settle(job, "cancelled", f"the child session was cancelled: {job.cancel_reason or 'cancelled'}")
+            self._settle(job, "failed", "the child session ended without a result")
             job.done.set()
+
+    def _settle(self, job: Job, status: JobStatus, error: str | None) -> None:
+        """The job's outcome, once: the parent may read it while the child's process stops."""
+        if job.settled.is_set():
+            return
+        job.status, job.error, job.ended = status, error, time.monotonic()
+        detail = status if error is None else f"{status}: {error}"
+        self.emit(ChildEvent(job.label, job.id, job.child_id, self.depth + 1, ChildStatus("finished", detail)))
+        self.session.writer.append({"type": "delegation", "job": job.id, "target": job.target,
+                                    "child_session": job.child_id, "status": status, "error": error,
+                                    "seconds": job.seconds})
+        job.settled.set()
 
     async def _run_child(self, job: Job, spec: AgentSpec, card: Card | None, text: str) -> None:
         from crucible.sessions import SessionOptions, open_session
@@ -487,16 +490,16 @@ class Delegation:
                 with trio.move_on_after(5):
                     await drained.wait()
                 nursery.cancel_scope.cancel()
-        if ended.error:
-            job.status = "failed"
-            job.error = self.redact(f"the child session {job.label} failed: {ended.error}")
-        elif ended.stop_reason == "cancelled":
-            job.status = "cancelled"
-            job.error = f"the child session {job.label} was cancelled"
-        else:
-            job.status = "completed"
-            if ended.stop_reason != "end_turn":
-                job.error = f"the child's turn ended with stopReason {ended.stop_reason}"
+            # Settled before the child's teardown (an agent can take seconds to exit): the
+            # parent reads the reply now; the slot is held until the process is gone.
+            if ended.error:
+                self._settle(job, "failed", self.redact(f"the child session {job.label} failed: {ended.error}"))
+            elif ended.stop_reason == "cancelled":
+                self._settle(job, "cancelled", f"the child session {job.label} was cancelled")
+            elif ended.stop_reason != "end_turn":
+                self._settle(job, "completed", f"the child's turn ended with stopReason {ended.stop_reason}")
+            else:
+                self._settle(job, "completed", None)
 
     def result(self, job: Job) -> DelegateResult:
         reply, truncated = shape_reply(job.reply, self.config.result_max_bytes)
@@ -534,9 +537,9 @@ def _delegation(ctx: ToolContext) -> Delegation:
 
 async def _await_job(d: Delegation, job: Job, why: str) -> None:
     try:
-        await job.done.wait()
+        await job.settled.wait()
     finally:
-        if not job.done.is_set():  # the call itself was cancelled (or timed out): so is the child
+        if not job.settled.is_set():  # the call itself was cancelled (or timed out): so is the child
             job.cancel(why)
 
 
@@ -565,9 +568,9 @@ async def _list_jobs_tool(ctx: ToolContext, args: NoArgs) -> JobList:
 async def _get_job_tool(ctx: ToolContext, args: GetJobArgs) -> DelegateResult:
     d = _delegation(ctx)
     job = d.job(args.job_id)
-    if args.wait and not job.done.is_set():
+    if args.wait:
         # Waiting is not the child's owner: a cancelled wait leaves the job running.
-        await job.done.wait()
+        await job.settled.wait()
     return d.result(job)
 
 
