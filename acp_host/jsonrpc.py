@@ -414,7 +414,7 @@ class JsonRpcPeer:
                         self._invalid_line(line, f"not JSON ({type(exc).__name__})")
                     continue
                 if self.tap is not None:
-                    self.tap("in", obj)
+                    self._call_tap("in", obj)
                 # Fast path: a well-formed notification (the flood case).
                 if (
                     type(obj) is dict
@@ -493,7 +493,22 @@ class JsonRpcPeer:
         self.stats.invalid_lines += 1
         logger.warning("%s: skipped a line: %s: %s", self.name, reason, _excerpt(line))
         if self.on_invalid_line is not None:
-            self.on_invalid_line(line[:_EXCERPT], reason)
+            self._call_invalid_hook(line[:_EXCERPT], reason)
+
+    # A hook's bug must not end the connection: hooks are observers.
+    def _call_tap(self, direction: Literal["in", "out"], msg: Any) -> None:
+        assert self.tap is not None
+        try:
+            self.tap(direction, msg)
+        except Exception:
+            logger.exception("%s: tap failed", self.name)
+
+    def _call_invalid_hook(self, line: bytes, reason: str) -> None:
+        assert self.on_invalid_line is not None
+        try:
+            self.on_invalid_line(line, reason)
+        except Exception:
+            logger.exception("%s: on_invalid_line hook failed", self.name)
 
     def _on_oversized(self, size: int) -> None:
         self.stats.oversized_lines += 1
@@ -501,7 +516,7 @@ class JsonRpcPeer:
         reason = f"line longer than {self._max_line_bytes} bytes (at least {size}) dropped"
         logger.warning("%s: %s", self.name, reason)
         if self.on_invalid_line is not None:
-            self.on_invalid_line(b"", reason)
+            self._call_invalid_hook(b"", reason)
 
     # -- inbound requests ---------------------------------------------------------------
 
@@ -650,7 +665,7 @@ class JsonRpcPeer:
                 raise ConnectionClosed(f"connection to {self.name} was closed while writing")
             self.stats.frames_sent += 1
             if self.tap is not None:
-                self.tap("out", msg)
+                self._call_tap("out", msg)
 
     # -- closing ------------------------------------------------------------------------
 

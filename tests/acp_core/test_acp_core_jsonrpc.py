@@ -507,3 +507,85 @@ async def test_outbound_frames_compact_utf8(running: Any) -> None:
     }
     with pytest.raises(ValueError):
         await peer.notify("n", {"x": float("nan")})
+
+
+# -- writes ---------------------------------------------------------------------------
+
+
+class PausingStream(trio.abc.SendStream):
+    """Writes like a pipe that fills up: part of the first frame, then a wait for room."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.part_written = trio.Event()
+        self.room = trio.Event()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        data = bytes(data)
+        if not self.part_written.is_set():
+            self.data += data[:100]
+            self.part_written.set()
+            await self.room.wait()
+            data = data[100:]
+        self.data += data
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.room.wait()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_cancelled_writer_never_leaves_half_a_frame() -> None:
+    stream = PausingStream()
+    peer = JsonRpcPeer(stream, trio.testing.memory_stream_one_way_pair()[1], name="p")
+    payload = {"text": "z" * 5000}
+    scope = trio.CancelScope()
+
+    async def write_first() -> None:
+        with scope:
+            await peer.notify("first", payload)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write_first)
+        await stream.part_written.wait()  # the write is half done...
+        scope.cancel()  # ...when its caller is cancelled
+        await trio.testing.wait_all_tasks_blocked()
+        stream.room.set()
+    await peer.notify("second", {})
+    first, second, rest = stream.data.split(b"\n")
+    assert json.loads(first) == {"jsonrpc": "2.0", "method": "first", "params": payload}
+    assert json.loads(second)["method"] == "second"
+    assert rest == b""
+
+
+async def test_aclose_breaks_a_blocked_write() -> None:
+    a_stream, _b_stream = trio.testing.lockstep_stream_pair()
+    peer = JsonRpcPeer(a_stream, trio.testing.memory_stream_one_way_pair()[1], name="stuck-agent")
+    errors: list[Exception] = []
+
+    async def write() -> None:
+        try:
+            await peer.notify("n", {"x": 1})
+        except ConnectionClosed as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write)
+        await trio.testing.wait_all_tasks_blocked()  # nobody reads: the write is stuck
+        await peer.aclose()
+    assert len(errors) == 1 and "stuck-agent" in str(errors[0])
+
+
+async def test_tap_sees_both_directions_and_its_bugs_do_not_break_the_peer(running: Any) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def tap(direction: str, msg: Any) -> None:
+        seen.append((direction, msg))
+        raise RuntimeError("tap bug")
+
+    a, b = peer_pair(a_kwargs={"tap": tap}, b_kwargs={"request_handler": echo})
+    await running(a, b)
+    assert await a.request("echo", {"k": 1}) == {"k": 1}
+    assert [d for d, _ in seen] == ["out", "in"]
+    assert seen[1][1] == {"jsonrpc": "2.0", "id": 1, "result": {"k": 1}}
