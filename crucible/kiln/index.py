@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
+import logging
 import math
 import os
 import re
 import shutil
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -34,11 +37,13 @@ from pydantic import BaseModel, Field
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
-from crucible.kiln.atomic import content_hash
+from crucible.kiln.atomic import atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder, make_embedder
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
 from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown
+
+log = logging.getLogger(__name__)
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
 INDEX_FORMAT = 1
@@ -181,6 +186,21 @@ class Bm25:
         self._doc_len[doc_id] = len(tokens)
         self._total_len += len(tokens)
 
+    def add_counts(self, doc_id: str, counts: dict[str, int], length: int) -> None:
+        """Add a document by its term counts (as saved by `counts`)."""
+        self.remove(doc_id)
+        for term, n in counts.items():
+            self._postings.setdefault(term, {})[doc_id] = n
+        self._doc_terms[doc_id] = tuple(counts)
+        self._doc_len[doc_id] = length
+        self._total_len += length
+
+    def counts(self, doc_id: str) -> dict[str, int]:
+        return {t: self._postings[t][doc_id] for t in self._doc_terms.get(doc_id, ())}
+
+    def length(self, doc_id: str) -> int:
+        return self._doc_len.get(doc_id, 0)
+
     def remove(self, doc_id: str) -> None:
         terms = self._doc_terms.pop(doc_id, None)
         if terms is None:
@@ -215,50 +235,52 @@ class Bm25:
         return ranked[:limit]
 
 
-@dataclass
-class LexicalNote:
-    title: str
-    chunks: list[StoredChunk] = field(default_factory=list)
-    counts: list[Counter[str]] | None = None  # each chunk's terms, made on first need
-
-
 class LexicalIndex:
-    """BM25 over whole notes (title counted twice, then every chunk's text), and the chunk
-    texts, so a lexical hit can show its best section as the snippet."""
+    """BM25 over whole notes (title counted twice, then the text of every chunk).
+
+    Saved as JSON under .crucible/ (term counts only, never code: a kiln is not trusted input)
+    and tagged with the index generation it matches, so a new process loads it instead of
+    re-reading every chunk from Chroma."""
+
+    FORMAT = 1
 
     def __init__(self) -> None:
         self.bm25 = Bm25()
-        self.notes: dict[str, LexicalNote] = {}
+        self.titles: dict[str, str] = {}
 
-    def set_note(self, path: str, title: str, chunks: list[StoredChunk]) -> None:
-        chunks = sorted(chunks, key=lambda c: c.ordinal)
-        self.notes[path] = LexicalNote(title, chunks)
+    def set_note(self, path: str, title: str, texts: Iterable[str]) -> None:
         tokens = tokenize(title) * 2
-        for c in chunks:
-            tokens.extend(tokenize(c.text))
+        for text in texts:
+            tokens.extend(tokenize(text))
+        self.titles[path] = title
         self.bm25.add(path, tokens)
 
     def drop_note(self, path: str) -> None:
-        self.notes.pop(path, None)
+        self.titles.pop(path, None)
         self.bm25.remove(path)
 
     def search(self, query: str, limit: int) -> list[tuple[str, float]]:
         return self.bm25.search(tokenize(query), limit)
 
-    def best_chunk(self, path: str, query: str) -> StoredChunk | None:
-        """The note's chunk with the most query-term weight (its first chunk if none match)."""
-        note = self.notes.get(path)
-        if note is None or not note.chunks:
+    def to_json(self, tag: str) -> dict[str, Any]:
+        return {
+            "format": self.FORMAT, "tag": tag,
+            "notes": {p: [t, self.bm25.length(p), self.bm25.counts(p)] for p, t in self.titles.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, tag: str) -> LexicalIndex | None:
+        """The saved index if it is for `tag` and well-formed, else None."""
+        if not isinstance(data, dict) or data.get("format") != cls.FORMAT or data.get("tag") != tag:
             return None
-        terms = set(tokenize(query))
-        best, best_score = note.chunks[0], 0.0
-        if note.counts is None:
-            note.counts = [Counter(tokenize(c.text)) for c in note.chunks]
-        for c, counts in zip(note.chunks, note.counts, strict=True):
-            score = sum(self.bm25.idf(t) * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
-            if score > best_score:
-                best, best_score = c, score
-        return best
+        lex = cls()
+        try:
+            for path, (title, length, counts) in data["notes"].items():
+                lex.titles[str(path)] = str(title)
+                lex.bm25.add_counts(str(path), {str(t): int(n) for t, n in counts.items()}, int(length))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return lex
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,6 +369,8 @@ class KilnIndex:
         self._lexical: LexicalIndex | None = None
         # Guards the in-memory BM25 index alone, so searches never wait for a long update.
         self._lex_lock = threading.RLock()
+        self._lex_generation: str | None = None  # the store generation _lexical matches
+        self._lex_dirty = False  # changed since saved
         self._chunks: Any = None
         self._notes: Any = None
         self.needs_rebuild: str | None = None
@@ -423,6 +447,9 @@ class KilnIndex:
             return self.client.get_collection(name, embedding_function=None)
 
     def close(self) -> None:
+        with self._lex_lock:
+            if self._lex_dirty and self._lexical is not None and self._lex_generation is not None:
+                self._save_lexical(self._lexical, self._lex_generation)
         closer = getattr(self.client, "close", None)
         if closer is not None:
             try:
@@ -498,6 +525,9 @@ class KilnIndex:
                 report.rebuilt = reason
             paths = list(iter_markdown(self.root))
             self._update(paths, report, progress, full=True)
+            with self._lex_lock:
+                if self._lex_dirty and self._lexical is not None and self._lex_generation is not None:
+                    self._save_lexical(self._lexical, self._lex_generation)
             return report
 
     def update_paths(self, paths: Iterable[str], progress: ProgressFn | None = None) -> IndexReport:
@@ -557,6 +587,8 @@ class KilnIndex:
             _drop_collections(self.client, self.name, self.root, self.store)
             with self._lex_lock:
                 self._lexical = None
+                self._lex_generation = None
+                self._lex_dirty = False
             self.needs_rebuild = None
             self._attach()
 
@@ -610,16 +642,38 @@ class KilnIndex:
 
         if full:
             gone.extend(p for p in manifest if p not in present and p not in gone)
+        if not pending and not gone:
+            report.elapsed = time.perf_counter() - started
+            return
 
+        self._prepare_lexical(full)
         with _store_errors(root, self.store, "updating it"):
             # Also for notes not in the manifest: an update interrupted before it wrote their
             # note rows left chunk rows whose vectors are still good.
             self._reuse_vectors(pending)
             self._write(pending, report, progress, len(paths))
             self._remove(gone)
+            generation = uuid.uuid4().hex
+            self._notes.modify(metadata={**self._identity(), "generation": generation})
+        with self._lex_lock:
+            if self._lexical is not None:
+                self._lex_generation = generation
+                self._lex_dirty = True
         report.notes_removed = len(gone)
         report.notes_indexed = len(pending)
         report.elapsed = time.perf_counter() - started
+
+    def _prepare_lexical(self, full: bool) -> None:
+        """Before writing: the in-memory BM25 index must match the store to be patched along;
+        a full update also brings a saved one up to date (so `cru kiln index` keeps it fresh)."""
+        with self._lex_lock:
+            generation = self._remote_generation()
+            if self._lexical is not None and self._lex_generation != generation:
+                self._lexical = None  # another process changed the index: rebuilt when needed
+            elif self._lexical is None and full:
+                loaded = self._load_lexical(generation)
+                if loaded is not None:
+                    self._lexical, self._lex_generation = loaded, generation
 
     def _reuse_vectors(self, pending: list[_Pending]) -> None:
         """Keep the stored vectors of chunks whose text did not change; note the old chunk ids."""
@@ -714,14 +768,9 @@ class KilnIndex:
             documents=[str(r[2]["title"]) for r in note_rows], metadatas=[r[2] for r in note_rows],
         )
         with self._lex_lock:
-            if self._lexical is None:
-                return
-            for p in group:
-                self._lexical.set_note(p.note.path, p.note.title, [
-                    StoredChunk(p.note.path, c.ordinal, _heading(c) or None, c.start_line + 1,
-                                p.note.title, c.text)
-                    for c in p.chunks
-                ])
+            if self._lexical is not None:
+                for p in group:
+                    self._lexical.set_note(p.note.path, p.note.title, p.texts)
 
     def _remove(self, paths: list[str]) -> None:
         for s in range(0, len(paths), 100):
@@ -801,29 +850,75 @@ class KilnIndex:
             return self._lexical_index().search(query, limit)
 
     def lexical_best_chunk(self, path: str, query: str) -> StoredChunk | None:
-        """The note's chunk with the most weight of the query's words."""
+        """The note's chunk with the most weight of the query's words (its first if none)."""
+        chunks = self.note_chunks([path])[path]
+        if not chunks:
+            return None
+        terms = set(tokenize(query))
         with self._lex_lock:
-            return self._lexical_index().best_chunk(path, query)
+            bm25 = self._lexical_index().bm25
+            idf = {t: bm25.idf(t) for t in terms}
+        best, best_score = chunks[0], 0.0
+        for c in chunks:
+            counts = Counter(tokenize(c.text))
+            score = sum(idf[t] * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
+            if score > best_score:
+                best, best_score = c, score
+        return best
+
+    # The in-memory BM25 index follows the store's generation, a token that every update
+    # changes: another process's update (`cru kiln index` beside a session) is seen at the
+    # next search, and the index saved under .crucible/ is used only if it is of this state.
+
+    def _lex_tag(self, generation: str) -> str:
+        return f"{self._notes.id}:{generation}"
+
+    def _lex_file(self) -> Path:
+        return self.root / RESERVED_DIR / f"lexical-{self.name}.json"
+
+    def _remote_generation(self) -> str:
+        with _store_errors(self.root, self.store, "reading it"):
+            meta = self.client.get_collection(f"{self.name}-notes", embedding_function=None).metadata
+        return str((meta or {}).get("generation", ""))
 
     def _lexical_index(self) -> LexicalIndex:
-        """The BM25 index, built from the stored chunks on first use, then kept current."""
         with self._lex_lock:
-            if self._lexical is None:
-                lex = LexicalIndex()
-                notes: dict[str, list[StoredChunk]] = {}
-                titles: dict[str, str] = {}
-                with _store_errors(self.root, self.store, "reading it"):
-                    for _, metas, docs in _pages(self._chunks, include=["metadatas", "documents"]):
-                        for m, d in zip(metas, docs, strict=True):
-                            c = _stored(m, d, 0.0)
-                            notes.setdefault(c.path, []).append(c)
-                    for ids, metas, _ in _pages(self._notes, include=["metadatas"]):
-                        for id_, m in zip(ids, metas, strict=True):
-                            titles[id_] = str(m.get("title", ""))
-                for path, title in titles.items():
-                    lex.set_note(path, title, notes.get(path, []))
-                self._lexical = lex
+            generation = self._remote_generation()
+            if self._lexical is None or self._lex_generation != generation:
+                self._lexical = self._load_lexical(generation) or self._build_lexical(generation)
+                self._lex_generation = generation
             return self._lexical
+
+    def _load_lexical(self, generation: str) -> LexicalIndex | None:
+        try:
+            data = json.loads(self._lex_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return LexicalIndex.from_json(data, self._lex_tag(generation))
+
+    def _build_lexical(self, generation: str) -> LexicalIndex:
+        texts: dict[str, list[tuple[int, str]]] = {}
+        titles: dict[str, str] = {}
+        with _store_errors(self.root, self.store, "reading it"):
+            for _, metas, docs in _pages(self._chunks, include=["metadatas", "documents"]):
+                for m, d in zip(metas, docs, strict=True):
+                    texts.setdefault(str(m["path"]), []).append((int(m.get("ordinal", 0)), str(d or "")))
+            for ids, metas, _ in _pages(self._notes, include=["metadatas"]):
+                for id_, m in zip(ids, metas, strict=True):
+                    titles[id_] = str(m.get("title", ""))
+        lex = LexicalIndex()
+        for path, title in titles.items():
+            lex.set_note(path, title, [t for _, t in sorted(texts.get(path, []))])
+        self._save_lexical(lex, generation)
+        return lex
+
+    def _save_lexical(self, lex: LexicalIndex, generation: str) -> None:
+        try:
+            self._lex_file().parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self._lex_file(), json.dumps(lex.to_json(self._lex_tag(generation))))
+            self._lex_dirty = False
+        except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
+            log.warning("could not save the lexical index: %s", exc.strerror or exc)
 
 
 # ---------------------------------------------------------------------------------------------

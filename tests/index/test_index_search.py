@@ -153,3 +153,56 @@ def test_snippet_centres_on_the_query() -> None:
     s = snippet(text, "garlic")
     assert "garlic" in s and s.startswith("… ") and s.endswith(" …") and len(s) <= 310
     assert snippet("short text\n\nwith lines", "x") == "short text with lines"
+
+
+def test_lexical_index_is_saved_and_follows_other_processes(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.kiln import index as index_mod
+
+    def no_chroma_reads(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the BM25 index was rebuilt from Chroma instead of loaded")
+
+    handles: list[KilnIndex] = []
+
+    def fresh() -> KilnIndex:  # another process, as far as the in-memory index goes
+        handles.append(KilnIndex.open(tiny_kiln, Config()))
+        return handles[-1]
+
+    try:
+        a = fresh()
+        a.update()
+        assert a.lexical_search("spaghetti", 3)[0][0] == "Cooking/Pasta.md"
+        saved = tiny_kiln / ".crucible" / "lexical-kiln.json"
+        assert saved.is_file() and str(tiny_kiln) not in saved.read_text()
+
+        b = fresh()
+        with monkeypatch.context() as m:
+            m.setattr(index_mod, "_pages", no_chroma_reads)
+            assert b.lexical_search("spaghetti", 3)[0][0] == "Cooking/Pasta.md"
+
+        (tiny_kiln / "Links.md").write_text("# Linking notes\n\nZeppelins float over the harbour.\n")
+        b.update()
+        # a (which b's update bypassed) sees the new words at its next search
+        assert a.lexical_search("zeppelins", 3)[0][0] == "Links.md"
+        assert a.lexical_search("wikilinks", 3) == []
+        # b patched its index along and saved it: a third process loads it as it is
+        with monkeypatch.context() as m:
+            m.setattr(index_mod, "_pages", no_chroma_reads)
+            assert fresh().lexical_search("zeppelin", 3)[0][0] == "Links.md"
+
+        # a watcher-style update is saved when the index closes
+        (tiny_kiln / "Garden/Compost.md").write_text("# Compost heap\n\nWorms love coffee grounds.\n")
+        b.update_paths(["Garden/Compost.md"])
+        b.close()
+        handles.remove(b)
+        with monkeypatch.context() as m:
+            m.setattr(index_mod, "_pages", no_chroma_reads)
+            assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
+
+        saved.write_text("{ not json")  # a damaged saved index is rebuilt from Chroma
+        assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
+        assert json.loads(saved.read_text())["format"] == 1
+    finally:
+        for h in handles:
+            h.close()
