@@ -7,7 +7,9 @@ How notes are ranked by meaning (measured in bench/search.py on the sample kiln)
 a note's score blends its best chunk's cosine similarity with that of its note vector (the
 mean of its chunk vectors), because "best chunk" alone lets huge notes win by sheer number of
 chunks, and the note vector alone misses a note whose one section answers the query.
-The hybrid fuses that ranking with BM25 by reciprocal rank.
+The hybrid fuses that ranking with BM25 by reciprocal rank. On the sample kiln's 50
+paraphrased queries, recall@5 / MRR@10 were: BM25 0.94 / 0.86, best chunk alone 0.90 / 0.77,
+the blend 0.96 / 0.83, hybrid 1.00 / 0.92 — so hybrid is the default everywhere.
 """
 
 from __future__ import annotations
