@@ -169,8 +169,10 @@ async def test_leftovers_of_an_exited_agent_are_stopped_so_stdout_ends() -> None
         async with proc:
             grandchild = int(await _read_line(proc.stdout))
             assert await proc.stdout.receive_some() == b""
-            assert _gone(grandchild)
             assert await proc.wait() == 0
+        # (EOF comes as the grandchild closes its files, a moment before it is a zombie;
+        # aclose waits for the group to be gone.)
+        assert _gone(grandchild)
 
 
 async def test_agent_that_ignores_stdin_and_sigterm_is_killed(
@@ -179,8 +181,9 @@ async def test_agent_that_ignores_stdin_and_sigterm_is_killed(
     # Zero wall time: the clock jumps the 2 s grace and the 1 s after SIGTERM.
     async with trio.open_nursery() as nursery:
         proc = await AgentProcess.start(
-            nursery, ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
+            nursery, ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"]
         )
+        assert await _read_line(proc.stdout) == b"ready\n"  # the trap is set
         start = trio.current_time()
         await proc.aclose(grace=2.0)
         assert proc.returncode == -signal.SIGKILL
