@@ -161,3 +161,24 @@ def test_long_replies_are_truncated_and_marked(setup: Setup) -> None:
     assert data["truncated"] is True
     assert data["reply"].startswith("é" * 500) and "é" * 501 not in data["reply"]
     assert "[truncated: the child's reply was 6000 bytes; the first 1000 are shown" in data["reply"]
+
+
+EDIT = {"toolCallId": "t2", "title": "Edit notes.txt", "kind": "edit", "rawInput": {"path": "notes.txt"}}
+OPTIONS = [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+           {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]
+
+
+def test_a_childs_ask_follows_the_parents_flags(setup: Setup) -> None:
+    setup.card("helper", "A helper", "Help.", agent="child")
+    setup.scripts["parent"] = agent_script(delegate_step("helper", "edit it"))
+    setup.scripts["child"] = agent_script({"permission": {"toolCall": EDIT, "options": OPTIONS}, "as": "edit"})
+    setup.write()
+    # `-p` without flags: nobody to ask, so the child's `ask` is denied.
+    res = setup.run("parent", "go")
+    assert res.returncode == 0, res.stderr
+    assert setup.results("child", "edit")[-1]["result"]["outcome"]["optionId"] == "reject"
+    assert "[child parent › helper] [permission] Edit notes.txt: reject_once (nobody to ask" in res.stderr
+    res = setup.run("parent", "go", "--approve-all")
+    assert res.returncode == 0, res.stderr
+    assert setup.results("child", "edit")[-1]["result"]["outcome"]["optionId"] == "allow"
+    assert "[child parent › helper] [permission] Edit notes.txt: allow_once (--approve-all)" in res.stderr
