@@ -589,3 +589,80 @@ async def test_tap_sees_both_directions_and_its_bugs_do_not_break_the_peer(runni
     assert await a.request("echo", {"k": 1}) == {"k": 1}
     assert [d for d, _ in seen] == ["out", "in"]
     assert seen[1][1] == {"jsonrpc": "2.0", "id": 1, "result": {"k": 1}}
+
+
+class JammingStream(trio.abc.SendStream):
+    """A pipe the other side stops reading once a frame containing `jam_on` is written."""
+
+    def __init__(self, jam_on: bytes) -> None:
+        self.data = b""
+        self.jam_on = jam_on
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.jam_on in bytes(data):
+            await trio.sleep_forever()
+        self.data += bytes(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_cancel_notice_gives_up_when_the_pipe_is_stuck(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    stream = JammingStream(b'"method":"big"')
+    peer = JsonRpcPeer(stream, trio.testing.memory_stream_one_way_pair()[1], name="stuck")
+    scope = trio.CancelScope()
+    caller_done = trio.Event()
+
+    async def caller() -> None:
+        try:
+            with scope:
+                await peer.request("slow", {})
+        finally:
+            caller_done.set()
+
+    jammed_outcome: list[Exception] = []
+
+    async def jammed_write() -> None:
+        try:
+            await peer.notify("big", {})
+        except ConnectionClosed as exc:
+            jammed_outcome.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.run)
+        nursery.start_soon(caller)
+        await trio.testing.wait_all_tasks_blocked()  # the request went out
+        nursery.start_soon(jammed_write)  # this write jams, holding the lock
+        await trio.testing.wait_all_tasks_blocked()
+        start = trio.current_time()
+        scope.cancel()
+        await caller_done.wait()
+        assert scope.cancelled_caught
+        assert trio.current_time() - start >= 1.0  # it waited for the lock, then gave up
+        assert b"$/cancel_request" not in stream.data
+        await peer.aclose()
+    assert len(jammed_outcome) == 1  # aclose broke the jammed write
+
+
+async def test_duplicate_in_flight_inbound_id_is_refused(running: Any) -> None:
+    release = trio.Event()
+
+    async def waits(method: str, params: Any) -> Any:
+        await release.wait()
+        return "first"
+
+    peer, raw = peer_with_raw_end(request_handler=waits)
+    await running(peer)
+    await raw.write(
+        b'{"jsonrpc":"2.0","id":1,"method":"m"}\n{"jsonrpc":"2.0","id":1,"method":"m"}\n'
+    )
+    dup = await raw.read_frame()
+    assert dup["id"] == 1 and dup["error"]["code"] == INVALID_REQUEST
+    release.set()
+    assert (await raw.read_frame())["result"] == "first"
