@@ -72,6 +72,8 @@ _READ_SIZE = 256 * 1024
 # Bounded wait for the courtesy `$/cancel_request` sent when a caller is cancelled.
 _CANCEL_NOTICE_TIMEOUT = 1.0
 _EXCERPT = 200
+_DECODER = json.JSONDecoder()
+_SKIP = object()  # sentinel: a line that carries no message
 
 RequestId = int | str
 RequestHandler = Callable[[str, Any], Awaitable[Any]]
@@ -396,7 +398,9 @@ class JsonRpcPeer:
     async def _read_loop(self) -> None:
         receive_some = self._receive.receive_some
         feed = self._splitter.feed
-        loads = json.loads
+        # str decode + JSONDecoder.decode: a third faster than json.loads(bytes), which
+        # sniffs the encoding of every line.
+        decode = _DECODER.decode
         stats = self.stats
         while True:
             data = await receive_some(_READ_SIZE)
@@ -405,26 +409,56 @@ class JsonRpcPeer:
             if type(data) is not bytes:
                 data = bytes(data)
             stats.bytes_received += len(data)
-            for line in feed(data):
-                stats.lines_received += 1
+            lines = feed(data)
+            stats.lines_received += len(lines)
+            for line in lines:
                 try:
-                    obj = loads(line)
+                    obj = decode(line.decode("utf-8"))
                 except (ValueError, RecursionError) as exc:
-                    if line.strip():
-                        self._invalid_line(line, f"not JSON ({type(exc).__name__})")
-                    continue
+                    obj = self._parse_odd_line(line, exc)
+                    if obj is _SKIP:
+                        continue
                 if self.tap is not None:
                     self._call_tap("in", obj)
-                # Fast path: a well-formed notification (the flood case).
-                if (
-                    type(obj) is dict
-                    and "id" not in obj
-                    and type(obj.get("method")) is str
-                    and (obj.get("params") is None or type(obj["params"]) in (dict, list))
-                ):
-                    await self._dispatch_notification(obj["method"], obj.get("params"))
-                else:
-                    await self._dispatch(classify(obj), line)
+                # Fast path, inline: a well-formed notification (the flood case).
+                if type(obj) is dict and "id" not in obj:
+                    method = obj.get("method")
+                    params = obj.get("params")
+                    handler = self.notification_handler
+                    if (
+                        type(method) is str
+                        and (params is None or type(params) is dict or type(params) is list)
+                        and handler is not None
+                        and method != CANCEL_METHOD
+                    ):
+                        stats.notifications_received += 1
+                        self._in_notification = True
+                        try:
+                            await handler(method, params)
+                        except JsonRpcError as exc:
+                            # Notifications never get replies, even on errors.
+                            logger.debug("%s: notification %s refused: %s", self.name, method, exc)
+                        except Exception:
+                            stats.handler_errors += 1
+                            logger.exception(
+                                "%s: notification handler failed on %s", self.name, method
+                            )
+                        finally:
+                            self._in_notification = False
+                        continue
+                await self._dispatch(classify(obj), line)
+
+    def _parse_odd_line(self, line: bytes, exc: BaseException) -> Any:
+        """The slow path for a line the fast decode refused: blank, BOM-prefixed, garbage."""
+        if not line.strip():
+            return _SKIP
+        if line.startswith(b"\xef\xbb\xbf"):
+            try:
+                return _DECODER.decode(line[3:].decode("utf-8"))
+            except (ValueError, RecursionError) as exc2:
+                exc = exc2
+        self._invalid_line(line, f"not JSON ({type(exc).__name__})")
+        return _SKIP
 
     async def _dispatch(self, msg: Message, line: bytes) -> None:
         if isinstance(msg, Notification):

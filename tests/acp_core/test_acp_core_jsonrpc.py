@@ -666,3 +666,21 @@ async def test_duplicate_in_flight_inbound_id_is_refused(running: Any) -> None:
     assert dup["id"] == 1 and dup["error"]["code"] == INVALID_REQUEST
     release.set()
     assert (await raw.read_frame())["result"] == "first"
+
+
+async def test_utf8_bom_and_non_ascii_lines_parse(running: Any) -> None:
+    got: list[Any] = []
+
+    async def on_note(method: str, params: Any) -> None:
+        got.append(params)
+
+    peer, raw = peer_with_raw_end(notification_handler=on_note, request_handler=echo)
+    await running(peer)
+    await raw.write(
+        b'\xef\xbb\xbf{"jsonrpc":"2.0","method":"n","params":["bom"]}\n'
+        + '{"jsonrpc":"2.0","method":"n","params":["héllo ✓ 🎉"]}\n'.encode()
+        + b'{"jsonrpc":"2.0","id":1,"method":"echo","params":[]}\n'
+    )
+    await raw.read_frame()
+    assert got == [["bom"], ["héllo ✓ 🎉"]]
+    assert peer.stats.invalid_lines == 0
