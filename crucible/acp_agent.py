@@ -39,7 +39,9 @@ from acp_host.jsonrpc import (
     ConnectionClosed,
     JsonRpcError,
     JsonRpcPeer,
+    Notification,
     Response,
+    encode,
 )
 from crucible import __version__
 from crucible.errors import CrucibleError
@@ -90,9 +92,98 @@ def cmd_acp(args: argparse.Namespace) -> int:
 
 async def serve(args: argparse.Namespace, in_fd: int, out_fd: int) -> None:
     receive = trio.lowlevel.FdStream(in_fd)
-    send = trio.lowlevel.FdStream(out_fd)
+    send = CoalescingSendStream(trio.lowlevel.FdStream(out_fd))
     server = AcpAgentServer(args)
-    await server.run(send, receive)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send.run)
+        await server.run(send, receive)
+        nursery.cancel_scope.cancel()
+
+
+class CoalescingSendStream(trio.abc.SendStream):
+    """Frames written in a burst go to the editor in one write, in order.
+
+    A flood of backend updates would otherwise cost a pipe write (and a wake-up of the
+    editor) per frame. `send_all` appends to a buffer that `run()` writes out at most `delay`
+    seconds later (at once when `batch` bytes are pending); callers wait only when more than
+    `limit` bytes are pending (backpressure)."""
+
+    def __init__(self, inner: trio.abc.SendStream, *, delay: float = 0.002, batch: int = 64 * 1024,
+                 limit: int = 1 << 20) -> None:
+        self.inner = inner
+        self.delay = delay
+        self.batch = batch
+        self.limit = limit
+        self._buf = bytearray()
+        self._wake = trio.Event()
+        self._full = trio.Event()
+        self._space = trio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is closed")
+        if self._error is not None:
+            raise trio.BrokenResourceError("the editor's side of the pipe is closed") from self._error
+        self._buf += data
+        self._wake.set()
+        if len(self._buf) >= self.batch:
+            self._full.set()
+        while len(self._buf) > self.limit and self._error is None and not self._closed:
+            await self._space.wait()
+
+    async def send_frame(self, frame: bytes) -> bool:
+        """Queue one whole frame without a checkpoint while there is room (a forwarded flood
+        then costs no scheduler round per update). False when the editor is gone."""
+        while len(self._buf) > self.limit and self._error is None and not self._closed:
+            await self._space.wait()
+        if self._closed or self._error is not None:
+            return False
+        self._buf += frame
+        self._wake.set()
+        if len(self._buf) >= self.batch:
+            self._full.set()
+        return True
+
+    async def wait_send_all_might_not_block(self) -> None:
+        while len(self._buf) > self.limit and self._error is None:
+            await self._space.wait()
+
+    async def run(self) -> None:
+        """Write what is buffered, until cancelled or the editor goes away."""
+        try:
+            while True:
+                await self._wake.wait()
+                with trio.move_on_after(self.delay):
+                    await self._full.wait()
+                self._wake = trio.Event()
+                self._full = trio.Event()
+                await self._flush()
+                if self._error is not None:
+                    return
+        finally:
+            self._space.set()
+
+    async def _flush(self) -> None:
+        while self._buf and self._error is None:
+            data = bytes(self._buf)
+            self._buf.clear()
+            try:
+                await self.inner.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._error = exc
+            self._space.set()
+            self._space = trio.Event()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with trio.move_on_after(2, shield=True):
+            await self._flush()
+        self._space.set()
+        await self.inner.aclose()
 
 
 @dataclass(eq=False)
@@ -250,9 +341,13 @@ class AcpAgentServer:
         self._nursery: trio.Nursery | None = None
         self._ask_ids = itertools.count(1)
         self._warm: trio.Event | None = None
+        self._out: CoalescingSendStream | None = None
 
     # -- running ------------------------------------------------------------------------
     async def run(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+        # Forwarded updates skip the peer's per-frame write lock (a checkpoint each): they are
+        # queued straight on the same stream, so their order with the peer's frames holds.
+        self._out = send if isinstance(send, CoalescingSendStream) else None
         peer = JsonRpcPeer(send, receive, name="editor", request_handler=self.on_request,
                            notification_handler=self.on_notification, on_invalid_line=self._on_invalid_line)
         self.peer = peer
@@ -443,9 +538,24 @@ class AcpAgentServer:
                 proxy.done.set()
 
     async def _drain_events(self, cs: CrucibleSession) -> None:
-        """Keep the session's typed events flowing (they are written to its transcript)."""
-        async for _ in cs.events():
-            pass
+        """Keep the session's typed events flowing into its transcript. They are taken in
+        batches: the editor already has them raw, and a flood must not cost a wake-up each."""
+        assert cs.acp is not None
+        channel = cs.acp.events
+        while True:
+            try:
+                event = await channel.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            cs.record(event)
+            while True:
+                try:
+                    event = channel.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+                cs.record(event)
 
     def _new_result(self, proxy: ProxySession) -> dict[str, Any]:
         acp = proxy.cs.acp
@@ -650,6 +760,9 @@ class AcpAgentServer:
         elif kind == "config_option_update" and isinstance(update.get("configOptions"), list):  # type: ignore[union-attr]
             proxy.backend_options = list(update["configOptions"])  # type: ignore[index]
             out["update"] = {**update, "configOptions": proxy.config_options()}  # type: ignore[dict-item]
+        if self._out is not None and not peer.closed.is_set():
+            await self._out.send_frame(encode(Notification("session/update", out)))
+            return
         try:
             await peer.notify("session/update", out)
         except ConnectionClosed:
