@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from conftest import RealChat
@@ -68,8 +69,6 @@ def test_sigint_cancels_and_leaves_no_process(real_chat: RealChat) -> None:
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
     assert "cancelled" in err
-    import time
-
     deadline = time.monotonic() + 10
     while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -81,8 +80,6 @@ def test_sigint_cancels_and_leaves_no_process(real_chat: RealChat) -> None:
 @pytest.mark.parametrize("name", ["claude"])
 def test_missing_api_key_is_one_clear_message_with_the_fix(name: str, npm_ready: None, fake_llm, kiln,
                                                            tmp_path, cru_bin: str) -> None:
-    from conftest import RealChat
-
     chat = RealChat(name, fake_llm, kiln, tmp_path, cru_bin, api_key=False)
     res = chat.run("hello")
     assert res.returncode == 1
