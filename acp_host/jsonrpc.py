@@ -374,7 +374,7 @@ class JsonRpcPeer:
         if self._started:
             raise RuntimeError(f"JsonRpcPeer {self.name!r}: run() was already called")
         self._started = True
-        reason = f"{self.name} closed the connection"
+        reason = f"connection to {self.name} was closed"
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -383,6 +383,7 @@ class JsonRpcPeer:
                 try:
                     if not self.closed.is_set():
                         await self._read_loop()
+                        reason = f"{self.name} closed the connection"
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     if not self.closed.is_set():
                         reason = (

@@ -684,3 +684,19 @@ async def test_utf8_bom_and_non_ascii_lines_parse(running: Any) -> None:
     await raw.read_frame()
     assert got == [["bom"], ["héllo ✓ 🎉"]]
     assert peer.stats.invalid_lines == 0
+
+
+async def test_close_reason_tells_eof_from_our_own_close() -> None:
+    peer, raw = peer_with_raw_end(name="gemini")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.run)
+        await raw.send.aclose()
+    assert peer.close_reason == "gemini closed the connection"
+    peer, raw = peer_with_raw_end(name="gemini")
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()
+    assert peer.closed.is_set()
+    assert peer.close_reason == "connection to gemini was closed"
