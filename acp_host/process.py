@@ -200,8 +200,13 @@ class AgentProcess:
             stderr_ring_bytes=stderr_ring_bytes,
             on_stderr=on_stderr,
         )
-        nursery.start_soon(self._drain_stderr)
-        nursery.start_soon(self._watch)
+        try:
+            nursery.start_soon(self._drain_stderr)
+            nursery.start_soon(self._watch)
+        except BaseException:  # e.g. the nursery is already closing: do not leak the agent
+            self._stderr_done.set()
+            await self.aclose(grace=0)
+            raise
         return self
 
     # -- running ------------------------------------------------------------------------

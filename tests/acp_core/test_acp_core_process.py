@@ -265,3 +265,13 @@ async def test_hundred_spawn_kill_cycles_no_zombies_no_fds(
     assert _no_children_left()
     assert all(_gone(pid) for pid in all_pids)
     assert len(all_pids) >= 125
+
+
+async def test_start_into_a_closed_nursery_leaves_nothing_behind() -> None:
+    async with trio.open_nursery() as nursery:
+        pass
+    fds = _fd_count()
+    with pytest.raises(RuntimeError):
+        await AgentProcess.start(nursery, ["cat"])
+    assert _fd_count() == fds
+    assert _no_children_left()
