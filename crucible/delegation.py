@@ -61,6 +61,10 @@ TOOL_MARGIN_SECS = 30.0
 # How long a finished turn waits for its cancelled children to stop their processes.
 TEARDOWN_SECS = 15.0
 KEEP_FINISHED_JOBS = 50
+# While a call waits for a child, progress goes to the caller this often: clients that reset
+# their request timeout on progress (OpenCode: 60 s otherwise) keep waiting, and the stdio
+# relay's stream (300 s read timeout) stays alive.
+HEARTBEAT_SECS = 10.0
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "timed_out"]
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "timed_out"})
@@ -535,9 +539,21 @@ def _delegation(ctx: ToolContext) -> Delegation:
     return delegation
 
 
-async def _await_job(d: Delegation, job: Job, why: str) -> None:
+async def _wait_reporting(ctx: ToolContext, job: Job) -> None:
+    """Wait for the job's result, with a progress heartbeat to the caller."""
+    while not job.settled.is_set():
+        with trio.move_on_after(HEARTBEAT_SECS):
+            await job.settled.wait()
+        if not job.settled.is_set():
+            try:
+                await ctx.report_progress(job.seconds, None, f"{job.label}: {job.status} for {job.seconds:.0f} s")
+            except Exception:  # the caller went away; its cancel (if any) arrives on its own
+                pass
+
+
+async def _await_job(ctx: ToolContext, job: Job, why: str) -> None:
     try:
-        await job.settled.wait()
+        await _wait_reporting(ctx, job)
     finally:
         if not job.settled.is_set():  # the call itself was cancelled (or timed out): so is the child
             job.cancel(why)
@@ -554,7 +570,7 @@ async def _delegate_tool(ctx: ToolContext, args: DelegateArgs) -> DelegateResult
     job = await d.submit(args)
     if args.background:
         return DelegateResult(job_id=job.id, target=job.target, status=job.status, seconds=job.seconds)
-    await _await_job(d, job, "the delegate_session call was cancelled")
+    await _await_job(ctx, job, "the delegate_session call was cancelled")
     if job.status != "completed":
         raise _failed(d, job)
     return d.result(job)
@@ -570,7 +586,7 @@ async def _get_job_tool(ctx: ToolContext, args: GetJobArgs) -> DelegateResult:
     job = d.job(args.job_id)
     if args.wait:
         # Waiting is not the child's owner: a cancelled wait leaves the job running.
-        await job.settled.wait()
+        await _wait_reporting(ctx, job)
     return d.result(job)
 
 

@@ -203,3 +203,37 @@ async def test_over_the_limit_delegations_queue_or_are_refused(setup: Setup) -> 
     assert refused["result"]["isError"]
     assert "1 child sessions are already running, the limit is 1" in tool_text(refused)
     assert "queue = false" in tool_text(refused)
+
+
+async def test_a_waiting_call_sends_progress_over_mcp(setup: Setup, monkeypatch: Any) -> None:
+    """Clients that reset their timeout on progress (OpenCode cuts at 60 s otherwise) keep waiting."""
+    import httpx2
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    import crucible.delegation
+
+    monkeypatch.setattr(crucible.delegation, "HEARTBEAT_SECS", 0.2)
+    setup.scripts["parent"] = agent_script()
+    setup.scripts["sleepy"] = agent_script({"text": "slept"}, {"sleep": 1.5})
+    setup.write()
+    config = load_config(setup.config)
+    opts = SessionOptions(agent=resolve_agent("parent", profiles=config.agents), kiln=setup.kiln, cwd=setup.tmp,
+                          config=config, asker=Person(), store=SessionStore(setup.tmp / "sessions"))
+    seen: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
+
+    async with BridgeHost().running() as host, open_session(opts, host) as parent:
+        assert host.app is not None
+        [mount] = [m for m in host.app.mounts if m.bridge is parent.bridge]
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {mount.token}"})
+        async with Client(streamable_http_client(host.url(mount.base), http_client=http)) as client:
+            result = await client.call_tool("delegate_session", {"target": "sleepy", "prompt": "nap"},
+                                            progress_callback=on_progress)
+    assert not result.is_error and result.structured_content is not None
+    assert result.structured_content["reply"] == "slept"
+    assert len(seen) >= 3, seen
+    assert all(m is not None and m.startswith("parent › sleepy: running for") for _, m in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
