@@ -18,6 +18,10 @@ Rules a user of `JsonRpcPeer` must know:
   call `request()` freely. `$/cancel_request` {"requestId": id} cancels one and it is
   answered with error -32800.
 * Cancelling a caller of `request()` sends `$/cancel_request` for it to the other side.
+* EOF on the read side ends the connection: `closed` is set, pending requests fail with
+  ConnectionClosed, inbound handlers are cancelled and further writes are refused.
+* A write, once started, completes even if its caller is cancelled (half a frame would
+  corrupt the stream); only `aclose()` interrupts it.
 """
 
 from __future__ import annotations
