@@ -1,6 +1,7 @@
 """A real agent delegates to a card that runs another real agent: OpenCode (the parent, through
-`cru chat -p`) calls `delegate_session` on its bridge; the card `scout` runs Claude
-(claude-agent-acp) as the child. Both talk to one fake LLM, offline; only the LLM is fake."""
+`cru chat -p`) calls `delegate_session` on its bridge and the card `scout` runs Claude
+(claude-agent-acp) as the child; then the other way round. Both talk to one fake LLM,
+offline; only the LLM is fake."""
 
 from __future__ import annotations
 
@@ -32,15 +33,19 @@ def fake_llm() -> Iterator[FakeLLM]:
         yield llm
 
 
-def test_opencode_delegates_to_a_card_that_runs_claude(fake_llm: FakeLLM, tmp_path: Path,
-                                                       fixture_kiln_src: Path, cru_bin: str) -> None:
+API = {"claude": "anthropic", "opencode": "openai", "gemini": "gemini"}
+
+
+@pytest.mark.parametrize(("parent", "child"), [("opencode", "claude"), ("claude", "opencode")])
+def test_a_real_agent_delegates_to_a_card_that_runs_another(fake_llm: FakeLLM, tmp_path: Path, fixture_kiln_src: Path,
+                                                            cru_bin: str, parent: str, child: str) -> None:
     kiln = tmp_path / "kiln"
     shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
     (kiln / ".crucible" / "agents").mkdir(parents=True)
     (kiln / ".crucible" / "agents" / "scout.md").write_text(
         card_text("Scout: answers one question briefly", "You are the scout. Answer in one sentence.",
                   agent="kid"), encoding="utf-8")
-    child_argv, child_env = agent_env.agent_launch("claude", fake_llm.url, tmp_path / "home-child")
+    child_argv, child_env = agent_env.agent_launch(child, fake_llm.url, tmp_path / "home-child")
     config = tmp_path / "config.toml"
     config.write_text(
         "[agents.kid]\n"
@@ -48,7 +53,7 @@ def test_opencode_delegates_to_a_card_that_runs_claude(fake_llm: FakeLLM, tmp_pa
         f"args = {json.dumps(child_argv[1:])}\n"
         f"env = {{ {', '.join(f'{json.dumps(k)} = {json.dumps(v)}' for k, v in child_env.items())} }}\n"
         "[permissions]\ndelegate_session = \"allow\"\n", encoding="utf-8")
-    _, env = agent_env.agent_launch("opencode", fake_llm.url, tmp_path / "home-parent")
+    _, env = agent_env.agent_launch(parent, fake_llm.url, tmp_path / "home-parent")
     env["CRUCIBLE_CONFIG"] = str(config)
     work = tmp_path / "work"
     work.mkdir()
@@ -57,20 +62,20 @@ def test_opencode_delegates_to_a_card_that_runs_claude(fake_llm: FakeLLM, tmp_pa
         Reply.tool_call("delegate_session", {"target": "scout", "prompt": "Say hello from the child."}),
         Reply.text_reply("CHILD-REPLY: hello from the scout."),
         Reply.text_reply("PARENT-DONE: the scout said hello."))
-    argv = [cru_bin, "chat", "-a", "opencode", "--kiln", str(kiln), "--cwd", str(work), "-p", "Ask the scout."]
+    argv = [cru_bin, "chat", "-a", parent, "--kiln", str(kiln), "--cwd", str(work), "-p", "Ask the scout."]
     if netns.unavailable_reason() is None:
         argv = netns.wrap(argv, [fake_llm.port])
     res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd=work)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "PARENT-DONE: the scout said hello." in res.stdout, "\n".join(fake_llm.tool_result_texts())
-    # The child was Claude (Anthropic Messages API), the parent OpenCode (chat completions).
+    # The child really was the other agent: its requests speak its API.
     apis = [r.api for r in fake_llm.main_requests()]
-    assert apis == ["openai", "anthropic", "openai"], apis
+    assert apis == [API[parent], API[child], API[parent]], apis
     child_request = json.dumps(fake_llm.main_requests()[1].body)
     assert "You are the scout." in child_request and "Say hello from the child." in child_request
     assert "Ask the scout." not in child_request  # the parent's conversation stays with the parent
     # The parent's LLM got the child's reply as the tool's result.
     results = "\n".join(fake_llm.tool_result_texts())
     assert "CHILD-REPLY: hello from the scout." in results, results[:2000]
-    assert "[child opencode › scout] CHILD-REPLY: hello from the scout." in res.stderr
+    assert f"[child {parent} › scout] CHILD-REPLY: hello from the scout." in res.stderr
     assert not pids_running(str(tmp_path / "home-child"))
