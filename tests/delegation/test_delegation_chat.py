@@ -182,3 +182,23 @@ def test_a_childs_ask_follows_the_parents_flags(setup: Setup) -> None:
     assert res.returncode == 0, res.stderr
     assert setup.results("child", "edit")[-1]["result"]["outcome"]["optionId"] == "allow"
     assert "[child parent › helper] [permission] Edit notes.txt: allow_once (--approve-all)" in res.stderr
+
+
+def test_two_levels_with_max_depth_two(setup: Setup) -> None:
+    setup.delegation = {"max_depth": 2}
+    setup.card("helper", "A helper", "Help.", agent="child", delegation={"enabled": True, "targets": ["leaf"]})
+    setup.card("leaf", "The last one", "Leaf.", agent="other", delegation={"enabled": True})
+    setup.scripts["parent"] = agent_script(delegate_step("helper", "ask the leaf"))
+    setup.scripts["child"] = agent_script(delegate_step("leaf", "say it", as_="to-leaf"),
+                                          delegate_step("other", "off the list", as_="not-allowed"))
+    setup.scripts["other"] = agent_script(delegate_step("leaf", "deeper", as_="too-deep"), {"text": "\nleaf says hi"})
+    setup.write()
+    res = setup.run("parent", "go")
+    assert res.returncode == 0, res.stderr
+    assert "depth 2" in tool_text(setup.results("other", "too-deep")[0])
+    assert "not allowed by this session's card: its delegation.targets are leaf" in tool_text(
+        setup.results("child", "not-allowed")[0])
+    assert "leaf says hi" in tool_json(setup.results("child", "to-leaf")[0])["reply"]
+    assert "leaf says hi" in tool_json(setup.results("parent", "delegate")[0])["reply"]
+    # Grandchild events reach the top session with their own chain.
+    assert "[child parent › helper › leaf] leaf says hi" in res.stderr
