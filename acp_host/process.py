@@ -61,22 +61,27 @@ def _ask_login_shell() -> str | None:
         return None
     # Profiles may print banners: the marker tells our output from theirs.
     script = f"printf '\\n{_PATH_MARKER}%s\\n' \"$PATH\""
-    try:
-        done = subprocess.run(
-            [shell, "-lc", script],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_SHELL_TIMEOUT,
-            start_new_session=True,  # a profile must not grab our terminal
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.debug("login shell PATH unavailable: %s", exc)
-        return None
-    text = done.stdout.decode("utf-8", "replace")
-    for line in reversed(text.splitlines()):
-        if line.startswith(_PATH_MARKER):
-            return line[len(_PATH_MARKER) :].strip() or None
+    # Interactive too: version managers (nvm, pyenv, asdf) usually extend PATH in the rc
+    # file, which a non-interactive login shell skips. Plain login shell as the fallback.
+    for flags in ("-ilc", "-lc"):
+        try:
+            done = subprocess.run(
+                [shell, flags, script],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_SHELL_TIMEOUT,
+                start_new_session=True,  # no controlling terminal: a profile cannot grab ours
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.debug("login shell PATH unavailable with %s: %s", flags, exc)
+            continue
+        text = done.stdout.decode("utf-8", "replace")
+        for line in reversed(text.splitlines()):
+            if line.startswith(_PATH_MARKER):
+                path = line[len(_PATH_MARKER) :].strip()
+                if path:
+                    return path
     return None
 
 

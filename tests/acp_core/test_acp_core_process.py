@@ -52,22 +52,34 @@ def test_merge_paths_order_and_dedupe() -> None:
     assert merge_paths("/a:/b:", "/b:/c::/a", "") == "/a:/b:/c"
 
 
-def test_login_shell_path_reads_profile_path_past_banners(
+FAKE_SHELL = """#!/bin/sh
+# A login shell: its profile prints a banner and extends PATH; its rc file (read only
+# when interactive, like nvm's lines in .bashrc) extends it further.
+echo "Welcome!"
+PATH=/opt/from-profile/bin:$PATH
+case "$1" in *i*) [ -n "$RC_BROKEN" ] && exit 1; PATH=/opt/from-rc/bin:$PATH ;; esac
+export PATH
+exec /bin/sh -c "$2"
+"""
+
+
+def test_login_shell_path_reads_rc_and_profile_past_banners(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shell = tmp_path / "fake-login-shell"
-    # A login shell whose profile prints a banner and prepends a directory to PATH.
-    shell.write_text(
-        '#!/bin/sh\necho "Welcome!"\nPATH=/opt/from-profile/bin:$PATH\nexport PATH\nexec /bin/sh -c "$2"\n'
-    )
+    shell.write_text(FAKE_SHELL)
     shell.chmod(0o755)
     monkeypatch.setenv("SHELL", str(shell))
     monkeypatch.setenv("PATH", "/usr/bin:/bin:/only/in/current")
     monkeypatch.setattr(process_mod, "_shell_path_cache", None)
     path = login_shell_path().split(":")
-    assert path[0] == "/opt/from-profile/bin"
+    assert path[:2] == ["/opt/from-rc/bin", "/opt/from-profile/bin"]
     assert "/only/in/current" in path
     assert len(path) == len(set(path))
+    # an interactive shell that fails: the plain login shell's PATH is used
+    monkeypatch.setenv("RC_BROKEN", "1")
+    monkeypatch.setattr(process_mod, "_shell_path_cache", None)
+    assert login_shell_path().split(":")[0] == "/opt/from-profile/bin"
     # a shell that is missing falls back to our own PATH
     monkeypatch.setenv("SHELL", str(tmp_path / "no-such-shell"))
     monkeypatch.setattr(process_mod, "_shell_path_cache", None)
