@@ -150,7 +150,9 @@ class ChatUI:
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self.session_scope: trio.CancelScope | None = None
-        self.wake = trio.Event()
+        self.session_done = trio.Event()  # this agent session should end (agent died, /restart, quit)
+        self.restart = trio.Event()  # between sessions: start the agent again
+        self.restart_requested = False
         self.submit_send, self.submit_recv = trio.open_memory_channel[tuple[str, list[dict[str, Any]]]](64)
 
         self.input = Buffer(
@@ -378,7 +380,7 @@ class ChatUI:
             self.agent_alive = False
             self.state = "agent stopped"
             self.notice("The agent stopped. Type /restart to start it again, or Ctrl-D to leave.", "class:error")
-            self.wake.set()
+            self.session_done.set()
 
     # -- keys ------------------------------------------------------------------------------
     def _keys(self) -> KeyBindings:
@@ -493,7 +495,8 @@ class ChatUI:
     def _quit_in_trio(self) -> None:
         if self.session_scope is not None:
             self.session_scope.cancel()
-        self.wake.set()
+        self.session_done.set()
+        self.restart.set()
 
     # -- input -----------------------------------------------------------------------------
     def agent_commands(self) -> dict[str, str]:
@@ -602,9 +605,11 @@ class ChatUI:
             await self.model_command(args)
         elif name == "restart":
             self.notice("restarting the agent…")
-            if self.session_scope is not None:
-                self.session_scope.cancel()
-            self.wake.set()
+            if self.session is not None:
+                self.restart_requested = True
+                self.session_done.set()
+            else:
+                self.restart.set()
         else:
             self.error(f"unknown command /{name}: /help lists the commands")
         self.refresh()
@@ -715,13 +720,15 @@ class ChatUI:
             async with BridgeHost().running() as host:
                 first = True
                 while not self.quitting:
+                    self.session_done = trio.Event()
                     await self.run_session(host, first)
                     first = False
                     if self.quitting:
                         break
-                    if not self.wake.is_set():
-                        await self.wake.wait()  # /restart or leave
-                    self.wake = trio.Event()
+                    if not self.restart_requested:
+                        self.restart = trio.Event()
+                        await self.restart.wait()  # /restart or leave
+                    self.restart_requested = False
             nursery.cancel_scope.cancel()
         return 0
 
@@ -761,7 +768,7 @@ class ChatUI:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self.pump_events, session)
                         nursery.start_soon(self.run_turns, session)
-                        await self.wake.wait()
+                        await self.session_done.wait()
                         nursery.cancel_scope.cancel()
             except CrucibleError as exc:
                 self.error(exc.message + (f"\nfix: {exc.fix}" if getattr(exc, "fix", None) else ""))

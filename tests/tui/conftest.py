@@ -81,9 +81,10 @@ class Screen:
         deadline = time.monotonic() + timeout
         while self.child.isalive() and time.monotonic() < deadline:
             self.pump(0.1)
-        while self.pump(0.05):
+        if self.child.isalive():
+            raise AssertionError(f"cru chat did not exit within {timeout} s; the screen shows:\n{self.text()}")
+        while self.pump(0.05):  # the rest of its output (EOF ends it)
             pass
-        self.child.wait() if self.child.isalive() else None
         self.child.close()
         return self.child.exitstatus if self.child.exitstatus is not None else -(self.child.signalstatus or 0)
 

@@ -1,0 +1,305 @@
+"""`cru chat` (the TUI) in a real pseudo-terminal with the scripted agent, reading the screen."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from conftest import SCRIPTED, Screen, TuiRunner, group_gone
+
+REPO = Path(__file__).resolve().parents[2]
+CTRL_C, CTRL_D, SHIFT_TAB, ESC_ENTER = "\x03", "\x04", "\x1b[Z", "\x1b\r"
+
+
+def load_script(name: str) -> dict[str, Any]:
+    return dict(json.loads((REPO / "fixtures" / "scripts" / name).read_text()))
+
+
+def fg_of(screen: Screen, needle: str) -> str:
+    """The foreground colour of the first character of `needle` on screen."""
+    for y, line in enumerate(screen.screen.display):
+        x = line.find(needle)
+        if x >= 0:
+            return str(screen.screen.buffer[y][x].fg)
+    raise AssertionError(f"{needle!r} not on screen:\n{screen.text()}")
+
+
+def prompts_sent(runner: TuiRunner) -> list[list[dict[str, Any]]]:
+    return [e["frame"]["params"]["prompt"] for e in runner.agent_log()
+            if e.get("kind") == "in" and e["frame"].get("method") == "session/prompt"]
+
+
+def leave(screen: Screen) -> None:
+    screen.send(CTRL_D)
+    assert screen.wait_exit() == 0
+    assert group_gone(screen.child.pid), "cru chat left processes behind"
+
+
+def test_stream_shows_markdown_thought_plan_diff_and_status(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("stream.json"))
+    screen.wait_for("ready")
+    screen.type_line("summarize my kiln")
+    shown = screen.wait_for("Done.")
+    # Markdown rendered: heading without its hashes, bold without asterisks, bullets.
+    assert "Summary" in shown and "# Summary" not in shown
+    assert "three themes" in shown and "**" not in shown
+    assert "• tools" in shown and "• search" in shown
+    # The thought is shown (dimmed), the plan pane, the tool call with its diff in colour.
+    assert "I will read the notes first" in shown
+    assert "[>] Read the notes" in shown and "[ ] Write the summary" in shown
+    assert "Edit summary.md" in shown and "[edit]" in shown and "completed" in shown
+    assert "-old" in shown and "+new" in shown
+    assert fg_of(screen, "+new") != fg_of(screen, "-old") != "default"
+    # Status bar: mode, model, context tokens from the usage update.
+    status = shown.splitlines()[-1]
+    assert "mode: default" in status and "model: fast" in status and "5.3k/200.0k" in status
+    screen.send("\x14")  # Ctrl-T collapses the thoughts
+    screen.wait_for("▸ thought")
+    leave(screen)
+
+
+def test_no_color_keeps_the_diff_readable_without_colour(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("stream.json"), env={"NO_COLOR": "1"})
+    screen.wait_for("ready")
+    screen.type_line("go")
+    screen.wait_for("Done.")
+    assert fg_of(screen, "+new") == "default" and fg_of(screen, "-old") == "default"
+    leave(screen)
+
+
+def test_permission_dialog_answered_with_a_key(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("permission-claude.json"))
+    screen.wait_for("ready")
+    screen.type_line("clean up")
+    shown = screen.wait_for("Permission:")
+    assert "mcp__crucible__delete_note" in shown
+    assert "old.md" in shown  # the raw input
+    assert "allow once" in shown and "allow always" in shown and "reject once" in shown
+    assert "reject always" not in shown  # not offered by this agent
+    screen.send("N")  # not an offered choice: nothing happens, nothing typed
+    screen.send("a")
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"] == {"outcome": "selected", "optionId": "allow_always"}
+    shown = screen.wait_for("→ allow_always")
+    assert "Permission:" not in shown
+    screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    assert "›N" not in shown.replace(" ", "")
+    leave(screen)
+
+
+def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: Path) -> None:
+    config = tmp_path / "xdg-config" / "crucible" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('default_agent = "claude"\n\n[permissions]\nread_note = "allow"\n')
+    screen = tui.open(load_script("permission-claude.json"))
+    screen.wait_for("ready")
+    screen.type_line("clean up")
+    screen.wait_for("Permission:")
+    screen.send("s")
+    screen.wait_for("saved [permissions] delete_note")
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"]["optionId"] == "allow_always"
+    saved = tomllib.loads(config.read_text())
+    assert saved == {"default_agent": "claude", "permissions": {"read_note": "allow", "delete_note": "allow"}}
+    leave(screen)
+
+
+def test_ctrl_c_cancels_the_turn_then_twice_leaves(tui: TuiRunner) -> None:
+    script = {"prompts": [load_script("stall.json")["prompts"][0]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("take your time")
+    screen.wait_for("thinking...")
+    screen.wait_for(lambda s: "running" in s.splitlines()[-1])
+    screen.send(CTRL_C)
+    screen.wait_for("the turn was cancelled")
+    assert tui.wait_for_log(lambda e: e.get("kind") == "turn_end")["stopReason"] == "cancelled"
+    screen.wait_for("stopped.")  # updates after the cancel still show
+    # Still usable: the next prompt is answered (the echo turn).
+    screen.type_line("still there?")
+    screen.wait_for("echo: still there?")
+    screen.send(CTRL_C)
+    screen.send(CTRL_C)
+    assert screen.wait_exit() == 0
+    assert group_gone(screen.child.pid)
+
+
+def test_ctrl_c_answers_a_pending_permission_cancelled(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("permission-claude.json"))
+    screen.wait_for("ready")
+    screen.type_line("clean up")
+    screen.wait_for("Permission:")
+    screen.send(CTRL_C)
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"] == {"outcome": "cancelled"}
+    shown = screen.wait_for("the turn was cancelled")
+    assert "Permission:" not in shown
+    leave(screen)
+
+
+def test_agent_crash_shows_stderr_and_restart_brings_it_back(tui: TuiRunner) -> None:
+    script = {"prompts": [[{"text": "first answer"}],
+                          [{"text": "partial"}, {"crash": {"code": 3, "stderr": "fatal: the model exploded"}}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("one")
+    screen.wait_for("first answer")
+    screen.type_line("two")
+    shown = screen.wait_for("fatal: the model exploded")
+    assert "exit code 3" in shown
+    screen.wait_for("/restart")
+    screen.wait_for(lambda s: "agent stopped" in s.splitlines()[-1])
+    screen.type_line("three")
+    screen.wait_for("the agent is not running")
+    screen.type_line("/restart")
+    screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    screen.type_line("four")
+    screen.wait_for(lambda s: "first answer" in s.split("› four")[-1])  # the new agent's first turn
+    leave(screen)
+
+
+def _saved_session(env: dict[str, str]) -> str:
+    from crucible.session_store import SessionStore, sessions_root
+
+    metas = SessionStore(sessions_root(env)).list()
+    assert len(metas) == 1, metas
+    return metas[0].id
+
+
+def test_resume_shows_the_agents_replay_as_history(tui: TuiRunner) -> None:
+    caps = {"loadSession": True, "promptCapabilities": {"embeddedContext": True},
+            "mcpCapabilities": {"http": True}, "sessionCapabilities": {}}  # load, not resume
+    script = {"initialize": {"result": {"agentCapabilities": caps}},
+              "history": [{"user_text": "what is sourdough?"}, {"text": "A slow bread."}]}
+    cmd = tui.agent_command(script)
+    first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
+                           env=tui.env, capture_output=True, text=True, timeout=60, cwd=tui.tmp)
+    assert first.returncode == 0, first.stderr
+    sid = _saved_session(tui.env)
+    screen = tui.open(script, "--resume", sid)
+    shown = screen.wait_for("end of history")
+    assert "history (replayed by the agent)" in shown
+    assert "what is sourdough?" in shown and "A slow bread." in shown
+    assert any(e.get("kind") == "in" and e["frame"].get("method") == "session/load" for e in tui.agent_log())
+    screen.type_line("and now?")
+    shown = screen.wait_for("echo: and now?")
+    lines = shown.splitlines()
+    end = max(i for i, line in enumerate(lines) if "end of history" in line)
+    assert any("echo: and now?" in line for line in lines[end:])  # new output comes after the history
+    leave(screen)
+
+
+def test_resume_without_replay_shows_the_saved_transcript(tui: TuiRunner) -> None:
+    cmd = tui.agent_command(None)
+    first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
+                           env=tui.env, capture_output=True, text=True, timeout=60, cwd=tui.tmp)
+    assert first.returncode == 0, first.stderr
+    sid = _saved_session(tui.env)
+    screen = tui.open(None, "--resume", sid)
+    shown = screen.wait_for("end of history")
+    assert f"history (saved session {sid})" in shown and "echo: hello" in shown
+    assert any(e.get("kind") == "in" and e["frame"].get("method") == "session/resume" for e in tui.agent_log())
+    leave(screen)
+
+
+def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("stream.json"))
+    screen.wait_for("ready")
+    screen.type_line("/help")
+    shown = screen.wait_for("The agent's commands:")
+    assert "/usage" in shown and "/summarize" in shown
+    screen.send("/su")
+    screen.wait_for(re.compile(r"/summarize\s+Summarize the kiln"))  # the completion menu
+    screen.send("\x15")  # Ctrl-U clears the line
+    screen.send(SHIFT_TAB)
+    screen.wait_for(lambda s: "mode: plan" in s.splitlines()[-1])
+    assert tui.wait_for_log(lambda e: e.get("kind") == "in" and e["frame"].get("method") == "session/set_mode")
+    screen.type_line("/model")
+    screen.wait_for("Models (/model VALUE)")
+    screen.type_line("/model smart")
+    screen.wait_for(lambda s: "model: smart" in s.splitlines()[-1])
+    screen.type_line("/summarize briefly")
+    tui.wait_for_log(lambda e: e.get("kind") == "in" and e["frame"].get("method") == "session/prompt")
+    assert prompts_sent(tui)[0][0]["text"] == "/summarize briefly"
+    screen.wait_for("Done.")
+    screen.type_line("/usage")
+    screen.wait_for("context: 5321 of 200000 tokens")
+    screen.type_line("/nonsense")
+    screen.wait_for("unknown command /nonsense")
+    leave(screen)
+
+
+def test_note_mention_is_completed_and_embedded(tui: TuiRunner) -> None:
+    screen = tui.open(None)
+    screen.wait_for("ready")
+    screen.send("read @Overv")
+    screen.wait_for("Projects/Lantern/Overview.md")  # the completion menu
+    screen.send("\t")
+    screen.wait_for("@Projects/Lantern/Overview.md")
+    screen.send(ESC_ENTER)
+    screen.send("and tell me")
+    screen.wait_for("and tell me")
+    screen.send("\r")
+    screen.wait_for("echo: read @Projects/Lantern/Overview.md")
+    blocks = prompts_sent(tui)[0]
+    resource = [b for b in blocks if b.get("type") == "resource"]
+    assert len(resource) == 1
+    assert resource[0]["resource"]["uri"] == "kiln://notes/Projects/Lantern/Overview.md"
+    assert resource[0]["resource"]["text"] == (tui.kiln / "Projects/Lantern/Overview.md").read_text()
+    assert blocks[0]["text"] == "read @Projects/Lantern/Overview.md\nand tell me"  # multi-line input
+    leave(screen)
+
+
+def test_big_message_and_flood_keep_the_screen_responsive(tui: TuiRunner) -> None:
+    script = {"prompts": [[{"big_text_mib": 5}, {"text": "\nBIG-END"}],
+                          [{"flood": {"count": 10000, "text": "y"}}, {"text": "\nFLOOD-END"}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("big")
+    screen.send("typed while busy")
+    screen.wait_for("typed while busy")
+    screen.wait_for("BIG-END", timeout=60)
+    screen.send("\x15")
+    screen.type_line("flood")
+    screen.send("more keys")
+    screen.wait_for("more keys")
+    shown = screen.wait_for("FLOOD-END", timeout=60)
+    assert "yyyyyyyy" in shown
+    screen.send("\x15")  # Ctrl-U: Ctrl-D leaves only from an empty line
+    leave(screen)
+
+
+def test_resize_and_small_terminal(tui: TuiRunner) -> None:
+    screen = tui.open(load_script("stream.json"), cols=80, rows=24)
+    screen.wait_for("ready")
+    screen.type_line("go")
+    screen.wait_for("Done.")
+    screen.resize(50, 16)
+    shown = screen.wait_for(lambda s: "Done." in s and "ready" in s.splitlines()[-1])
+    assert all(len(line) <= 50 for line in shown.splitlines())
+    screen.resize(100, 30)
+    screen.wait_for(lambda s: "Done." in s and "ready" in s.splitlines()[-1] and "+new" in s)
+    leave(screen)
+
+
+def test_agent_text_cannot_drive_the_terminal(tui: TuiRunner) -> None:
+    script = {"prompts": [[{"text": "evil \x1b[2J\x1b]0;pwned\x07 \u202egnp.exe done"}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("hi")
+    shown = screen.wait_for("done")
+    assert "^[[2J" in shown and "<U+202E>" in shown
+    assert b"pwned\x07" not in bytes(screen.raw)
+    leave(screen)
+
+
+def test_no_terminal_is_a_clear_error(tui: TuiRunner) -> None:
+    res = subprocess.run([tui.cru, "chat", "--agent-command", f"{sys.executable} {SCRIPTED}", "--kiln",
+                          str(tui.kiln)], env=tui.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode != 0
+    assert "needs a terminal" in res.stderr and "-p" in res.stderr
