@@ -48,7 +48,7 @@ from crucible.errors import CrucibleError
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
-    from acp_host.session import Decision
+    from acp_host.session import Decision, TurnEnded
     from crucible.cards import Card
     from crucible.sessions import BridgeHost, CrucibleSession, PermissionAsk, SessionOptions
 
@@ -59,6 +59,8 @@ CARD_OPTION = "crucible_card"
 NO_CARD = "none"
 # Updates a backend sends before our session/new answer is out (held, then sent in order).
 _EARLY_LIMIT = 1000
+# How long a turn the editor gave up on ($/cancel_request) may take to end after session/cancel.
+_CANCEL_WAIT = 35.0
 _KNOWN_IMAGE_AGENTS = ("claude", "gemini", "opencode", "codex")
 _PERMISSION_OPTIONS = [
     {"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
@@ -643,13 +645,42 @@ class AcpAgentServer:
         text, extra = self._split_blocks(proxy, blocks)
         if proxy.cs.acp is not None and proxy.cs.acp.turn_running:
             raise JsonRpcError(INVALID_PARAMS, "a turn is already running in this session; cancel it first")
-        ended = await proxy.cs.prompt(text, extra)
+        ended = await self._turn(proxy, text, extra)
         if ended.error is not None:
             raise JsonRpcError(INTERNAL_ERROR, ended.error)
         result: dict[str, Any] = {"stopReason": ended.stop_reason}
         if ended.usage is not None:
             result["usage"] = _dump(ended.usage)
         return result
+
+    async def _turn(self, proxy: ProxySession, text: str, extra: list[dict[str, Any]]) -> TurnEnded:
+        """Run the turn outside this request's cancel scope: when the editor cancels the request
+        (`$/cancel_request`) the backend gets a proper session/cancel and the turn ends in order."""
+        done = trio.Event()
+        box: list[TurnEnded | Exception] = []
+
+        async def run() -> None:
+            try:
+                box.append(await proxy.cs.prompt(text, extra))
+            except Exception as exc:
+                box.append(exc)
+            finally:
+                done.set()
+
+        assert self._nursery is not None
+        self._nursery.start_soon(run)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CANCEL_WAIT):
+                await proxy.cs.cancel()
+                await done.wait()
+            raise
+        if not box:
+            raise JsonRpcError(INTERNAL_ERROR, "the session ended during the turn")
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]
 
     def _split_blocks(self, proxy: ProxySession, blocks: list[Any]) -> tuple[str, list[dict[str, Any]]]:
         """The text, and the other blocks as the backend can take them (an embedded resource

@@ -18,14 +18,19 @@ from acp.schema import (
     AgentMessageChunk,
     AllowedOutcome,
     ClientCapabilities,
+    CreateTerminalResponse,
     DeniedOutcome,
     FileSystemCapabilities,
     InitializeResponse,
     PermissionOption,
     ReadTextFileResponse,
+    ReleaseTerminalResponse,
     RequestPermissionResponse,
+    TerminalExitStatus,
+    TerminalOutputResponse,
     TextContentBlock,
     ToolCallUpdate,
+    WaitForTerminalExitResponse,
     WriteTextFileResponse,
 )
 
@@ -35,10 +40,12 @@ T = TypeVar("T")
 class Editor:
     """Implements the SDK's `Client` protocol (the parts `cru acp` uses)."""
 
-    def __init__(self, *, answer: str | None = "allow_once", fs: bool = True,
+    def __init__(self, *, answer: str | None = "allow_once", fs: bool = True, terminal: bool = False,
                  buffers: dict[str, str] | None = None) -> None:
         self.answer = answer  # the option kind the person picks; None: they never answer
         self.fs = fs
+        self.terminal = terminal  # the editor's terminals: records commands, "runs" none
+        self.terminal_calls: list[tuple[str, str]] = []
         self.buffers = dict(buffers or {})  # unsaved editor buffers by absolute path
         self.frames: list[dict[str, Any]] = []  # every raw frame cru acp sent us
         self.updates: list[tuple[str, Any]] = []
@@ -95,6 +102,26 @@ class Editor:
         self.buffers[path] = content
         return WriteTextFileResponse()
 
+    async def create_terminal(self, session_id: str, command: str, args: list[str] | None = None,
+                              **kwargs: Any) -> CreateTerminalResponse:
+        self.terminal_calls.append(("create", " ".join([command, *(args or [])])))
+        return CreateTerminalResponse(terminal_id=f"editor-term-{len(self.terminal_calls)}")
+
+    async def terminal_output(self, session_id: str, terminal_id: str, **kwargs: Any) -> TerminalOutputResponse:
+        self.terminal_calls.append(("output", terminal_id))
+        return TerminalOutputResponse(output="from the editor's terminal\n", truncated=False,
+                                      exit_status=TerminalExitStatus(exit_code=0))
+
+    async def wait_for_terminal_exit(self, session_id: str, terminal_id: str,
+                                     **kwargs: Any) -> WaitForTerminalExitResponse:
+        self.terminal_calls.append(("wait_for_exit", terminal_id))
+        return WaitForTerminalExitResponse(exit_code=0)
+
+    async def release_terminal(self, session_id: str, terminal_id: str,
+                               **kwargs: Any) -> ReleaseTerminalResponse:
+        self.terminal_calls.append(("release", terminal_id))
+        return ReleaseTerminalResponse()
+
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return {}
 
@@ -112,7 +139,7 @@ async def drive(argv: list[str], env: dict[str, str], editor: Editor, stderr_fd:
         transport_kwargs={"stderr": stderr_fd, "limit": 64 * 1024 * 1024, "shutdown_timeout": 20.0},
     ) as (conn, proc):
         caps = ClientCapabilities(fs=FileSystemCapabilities(read_text_file=editor.fs, write_text_file=editor.fs),
-                                  terminal=False)
+                                  terminal=editor.terminal)
         init = await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=caps), 30)
         result = await asyncio.wait_for(body(conn, init), body_seconds)
     assert proc.returncode is not None

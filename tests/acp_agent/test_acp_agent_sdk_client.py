@@ -6,12 +6,11 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
 from acp import RequestError
-from acp.schema import InitializeResponse, McpServerStdio, TextContentBlock
+from acp.schema import ImageContentBlock, InitializeResponse, McpServerStdio, TextContentBlock
 from acp_agent_driver import Editor, drive, pids_with
 from conftest import ECHO_MCP, AcpSetup
 
@@ -169,6 +168,54 @@ def test_fs_goes_to_the_editor_when_it_serves_fs(acp: AcpSetup, editor_fs: bool)
         assert out.read_text() == "written by the agent\n"
 
 
+@pytest.mark.parametrize("editor_terminal", [True, False])
+def test_terminals_go_to_the_editor_when_it_offers_them(acp: AcpSetup, editor_terminal: bool) -> None:
+    acp.script({"prompts": [[{"terminal": {"command": "echo", "args": ["from", "our", "shell"],
+                                           "then": ["wait_for_exit", "output", "release"]}, "as": "term"}]]})
+    editor = Editor(terminal=editor_terminal)
+
+    async def body(conn: Any, init: InitializeResponse) -> None:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("run it"))
+        assert resp.stop_reason == "end_turn"
+
+    run(acp, editor, body)
+    created, _, output, _ = acp.results("term")
+    if editor_terminal:
+        assert created == {"terminalId": "editor-term-1"}
+        assert output["output"] == "from the editor's terminal\n"
+        assert [c[0] for c in editor.terminal_calls] == ["create", "wait_for_exit", "output", "release"]
+        assert editor.terminal_calls[0][1] == "echo from our shell"
+    else:
+        assert output["output"] == "from our shell\n"  # Crucible ran it, in the session's cwd
+        assert editor.terminal_calls == []
+
+
+def test_modes_and_images_as_the_backend_takes_them(acp: AcpSetup) -> None:
+    modes = {"currentModeId": "ask", "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "code", "name": "Code"}]}
+    acp.script({"new_session": {"result": {"modes": modes}}})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> Any:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.set_session_mode(session_id=new.session_id, mode_id="code")
+        image = ImageContentBlock(type="image", data="iVBORw0KGgo=", mime_type="image/png")
+        await conn.prompt(session_id=new.session_id, prompt=[*text("what is this?"), image])
+        return new
+
+    new = run(acp, editor, body)
+    assert new.modes is not None and [m.id for m in new.modes.available_modes] == ["ask", "code"]
+    # The backend has modes of its own: the card selector is not a second "mode" picker.
+    card_option = next(o for o in new.config_options if o.id == "crucible_card")
+    assert card_option.category is None
+    assert [f["params"]["modeId"] for f in acp.inbound("session/set_mode")] == ["code"]
+    assert editor.update_frames("current_mode_update")[0]["update"]["currentModeId"] == "code"
+    # The scripted backend takes no images: it gets a note instead of a block it cannot read.
+    blocks = acp.inbound("session/prompt")[0]["params"]["prompt"]
+    assert [b["type"] for b in blocks] == ["text", "text"]
+    assert "image omitted" in blocks[1]["text"]
+
+
 def test_the_editors_mcp_server_reaches_the_backend(acp: AcpSetup) -> None:
     calls = acp.tmp / "echo-calls.jsonl"
     acp.script({"new_session": {"list_mcp_tools": True},
@@ -289,25 +336,69 @@ def test_sessions_are_listed_and_loaded_from_crucibles_transcripts(acp: AcpSetup
     assert "echo: and now?" in editor.text(sid)
 
 
-def test_a_malformed_frame_gets_an_error_and_the_connection_stays_up(acp: AcpSetup) -> None:
-    acp.script({})
-    with open(acp.stderr_path, "wb") as err:
-        proc = subprocess.Popen(acp.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                env=acp.env)
-    assert proc.stdin is not None and proc.stdout is not None
+class RawEditor:
+    """Frames by hand, for what no SDK client sends (malformed frames, $/cancel_request)."""
 
-    def send(line: bytes) -> None:
-        assert proc.stdin is not None
-        proc.stdin.write(line + b"\n")
-        proc.stdin.flush()
+    def __init__(self, acp: AcpSetup) -> None:
+        self.acp = acp
+        with open(acp.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(acp.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         env=acp.env)
 
-    def receive() -> dict[str, Any]:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, acp.stderr()[-2000:]
+    def send(self, line: bytes | dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        data = line if isinstance(line, bytes) else json.dumps(line).encode()
+        self.proc.stdin.write(data + b"\n")
+        self.proc.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, self.acp.stderr()[-2000:]
         frame: dict[str, Any] = json.loads(line)
         return frame
 
+    def answer(self, request_id: int | str) -> dict[str, Any]:
+        while True:
+            frame = self.receive()
+            if frame.get("id") == request_id and "method" not in frame:
+                return frame
+
+    def close(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=30)
+
+
+def test_a_cancel_request_for_the_prompt_cancels_the_backends_turn(acp: AcpSetup) -> None:
+    acp.script({"prompts": [{"steps": [{"text": "working"}, {"stall": None}], "after_cancel": [{"text": " stopped"}]}]})
+    ed = RawEditor(acp)
+    try:
+        ed.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+        ed.answer(1)
+        ed.send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": str(acp.work), "mcpServers": []}})
+        sid = ed.answer(2)["result"]["sessionId"]
+        ed.send({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                 "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}})
+        while True:
+            frame = ed.receive()
+            if frame.get("method") == "session/update" and frame["params"]["update"].get("content", {}).get("text") \
+                    == "working":
+                break
+        ed.send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 3}})
+        reply = ed.answer(3)
+        assert reply["error"]["code"] == -32800, reply
+        assert [f["params"]["sessionId"] for f in acp.inbound("session/cancel")] == ["sess-1"]
+        assert [e.get("stopReason") for e in acp.log() if e.get("kind") == "turn_end"] == ["cancelled"]
+    finally:
+        code = ed.close()
+    assert code == 0
+
+
+def test_a_malformed_frame_gets_an_error_and_the_connection_stays_up(acp: AcpSetup) -> None:
+    acp.script({})
+    ed = RawEditor(acp)
+    send, receive = ed.send, ed.receive
     try:
         send(b"this is not json")
         assert receive() == {"jsonrpc": "2.0", "id": None,
@@ -323,7 +414,5 @@ def test_a_malformed_frame_gets_an_error_and_the_connection_stays_up(acp: AcpSet
         reply = receive()
         assert reply["id"] == 8 and reply["result"]["protocolVersion"] == 1
     finally:
-        proc.stdin.close()
-        code = proc.wait(timeout=30)
+        code = ed.close()
     assert code == 0
-    time.sleep(0)
