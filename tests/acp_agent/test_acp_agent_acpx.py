@@ -84,6 +84,21 @@ def test_acpx_drives_cru_acp_with_the_scripted_agent(acp: AcpSetup, acpx_bin: st
     assert not pids_with(str(acp.script_path)), "a backend outlived acpx's run"
 
 
+def test_kiln_search_slash_command_answers_from_the_kiln(acp: AcpSetup, acpx_bin: str) -> None:
+    acp.script({})
+    res = acpx(acpx_bin, acp.argv(), acp.work, acp.env, "/kiln-search sourdough starter", "--approve-all")
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = message_text(frames(res.stdout))
+    assert "Cooking/Sourdough starter.md" in text, text
+    assert str(acp.kiln) not in text  # kiln-relative paths only
+    assert acp.inbound("session/prompt") == []  # Crucible answered; the backend never saw it
+    # The command is offered to the editor beside the backend's own.
+    commands = [f["params"]["update"]["availableCommands"] for f in frames(res.stdout)
+                if f.get("method") == "session/update"
+                and f["params"]["update"].get("sessionUpdate") == "available_commands_update"]
+    assert commands and {"card", "kiln-search"} <= {c["name"] for c in commands[-1]}
+
+
 def test_acpx_sees_the_fix_when_the_backend_cannot_start(acp: AcpSetup, acpx_bin: str) -> None:
     acp.script({"startup": [{"crash": {"code": 3, "stderr": "boom: no model configured"}}]})
     res = acpx(acpx_bin, acp.argv(), acp.work, acp.env, "hi", "--approve-all")
