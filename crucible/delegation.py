@@ -7,11 +7,13 @@ returns the job id for `list_jobs` / `get_job_result` / `cancel_job`. Children t
 inside their parent session's task tree: cancelling or ending the parent's turn, or closing the
 parent, cancels them and stops their processes.
 
-Limits: `[delegation]` in the config (enabled, max_depth, allowed_targets, max_concurrent,
-queue, result_max_bytes, timeout_secs) and the delegating session's card (`delegation:`
+Limits: `[delegation]` in the config (enabled, max_depth, allowed_targets, max_concurrent —
+children of one session running at once, over it they queue or, with `queue = false`, are
+refused —, result_max_bytes, timeout_secs) and the delegating session's card (`delegation:`
 enabled, targets, max_depth, relative to that card's session). The tools' own timeout is
 `timeout_secs` + 30 s, so the bridge's flat 30 s never cuts a delegation; the child itself is
-stopped at `timeout_secs`.
+stopped at `timeout_secs`. A job's result is final when the child's turn ends (the parent
+reads it then); its slot is held until the child's process is gone.
 
 What the child gets: the card's instructions (first, as every session), a handoff the parent
 chose (a summary and kiln note paths — never the parent's transcript), and the prompt. Its

@@ -284,7 +284,9 @@ class CrucibleSession:
         try:
             return await self.acp.prompt(blocks)
         finally:
-            if self.delegation is not None:  # the turn is over: so are its children
+            # The turn is over: so are its children (not when this prompt was refused because
+            # another turn is running: those children are that turn's).
+            if self.delegation is not None and not self.acp.turn_running:
                 with trio.CancelScope(shield=True):
                     await self.delegation.end_turn()
 
