@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from conftest import peer_with_raw_end
+from acp_core_helpers import peer_with_raw_end
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

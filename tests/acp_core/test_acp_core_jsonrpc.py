@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from conftest import peer_pair, peer_with_raw_end
+from acp_core_helpers import peer_pair, peer_with_raw_end
 
 from acp_host.jsonrpc import (
     INTERNAL_ERROR,
