@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -393,6 +394,21 @@ def test_a_cancel_request_for_the_prompt_cancels_the_backends_turn(acp: AcpSetup
     finally:
         code = ed.close()
     assert code == 0
+
+
+def test_sigterm_ends_cru_acp_and_its_backends(acp: AcpSetup) -> None:
+    acp.script({})
+    ed = RawEditor(acp)
+    ed.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+    ed.answer(1)
+    ed.send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": str(acp.work), "mcpServers": []}})
+    assert "result" in ed.answer(2), acp.stderr()[-2000:]
+    assert len(pids_with(str(acp.script_path))) == 1
+    ed.proc.send_signal(signal.SIGTERM)
+    assert ed.proc.wait(timeout=30) == 0, acp.stderr()[-2000:]
+    assert pids_with(str(acp.script_path)) == []
+    assert ed.proc.stdin is not None
+    ed.proc.stdin.close()
 
 
 def test_a_malformed_frame_gets_an_error_and_the_connection_stays_up(acp: AcpSetup) -> None:
