@@ -202,3 +202,14 @@ def test_two_levels_with_max_depth_two(setup: Setup) -> None:
     assert "leaf says hi" in tool_json(setup.results("parent", "delegate")[0])["reply"]
     # Grandchild events reach the top session with their own chain.
     assert "[child parent › helper › leaf] leaf says hi" in res.stderr
+
+
+def test_delegation_through_the_stdio_relay(setup: Setup) -> None:
+    # A parent without MCP over HTTP reaches its bridge through `cru mcp --connect`.
+    setup.scripts["parent"] = agent_script(delegate_step("other", "via the relay"), http=False)
+    setup.scripts["other"] = agent_script({"text": "relayed reply"}, http=False)
+    setup.write()
+    res = setup.run("parent", "go")
+    assert res.returncode == 0, res.stderr
+    assert "[warning]" not in res.stderr
+    assert tool_json(setup.results("parent", "delegate")[0])["reply"] == "relayed reply"
