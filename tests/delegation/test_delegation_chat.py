@@ -3,7 +3,7 @@ scripted-agent subprocesses, each with its own bridge; the parent calls the tool
 
 from __future__ import annotations
 
-from conftest import (
+from delegation_helpers import (
     Setup,
     agent_script,
     delegate_step,

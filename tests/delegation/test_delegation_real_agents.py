@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, card_text, pids_running
+from delegation_helpers import REPO, card_text, pids_running
 
 sys.path.insert(0, str(REPO / "fixtures"))
 

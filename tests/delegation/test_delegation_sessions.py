@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from conftest import (
+from delegation_helpers import (
     Setup,
     agent_script,
     delegate_step,
