@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import os
 import signal
@@ -75,6 +76,9 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
+# A forwarded update, framed by hand: the hot path of a flood.
+_UPDATE_HEAD = b'{"jsonrpc":"2.0","method":"session/update","params":'
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -792,7 +796,11 @@ class AcpAgentServer:
             proxy.backend_options = list(update["configOptions"])  # type: ignore[index]
             out["update"] = {**update, "configOptions": proxy.config_options()}  # type: ignore[dict-item]
         if self._out is not None and not peer.closed.is_set():
-            await self._out.send_frame(encode(Notification("session/update", out)))
+            try:
+                frame = _UPDATE_HEAD + _dumps(out).encode() + b"}\n"
+            except UnicodeEncodeError:  # lone surrogates: the escaped form is still JSON
+                frame = encode(Notification("session/update", out))
+            await self._out.send_frame(frame)
             return
         try:
             await peer.notify("session/update", out)
