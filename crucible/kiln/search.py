@@ -14,6 +14,7 @@ the blend 0.96 / 0.83, hybrid 1.00 / 0.92 — so hybrid is the default everywher
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from crucible.errors import CrucibleError
+from crucible.kiln.atomic import atomic_write_text
 from crucible.kiln.index import KilnIndex, StoredChunk, tokenize
 from crucible.kiln.notes import (
     MAX_NOTE_BYTES,
@@ -34,7 +36,7 @@ from crucible.kiln.notes import (
     parse_note,
     split_frontmatter,
 )
-from crucible.kiln.paths import iter_markdown
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown
 
 SearchMode = Literal["hybrid", "semantic", "text", "property"]
 # The default for `cru kiln search` and the agents' `semantic_search` tool: see bench/search.py.
@@ -287,6 +289,92 @@ class _NoteCache:
 _cache = _NoteCache()
 
 
+# Property search needs every note's frontmatter and tags; parsing YAML is ~1 ms a note, so
+# what it found is also saved per kiln in .crucible/properties.json (by mtime and size) and a
+# new process re-parses only the notes that changed.
+
+PROPERTIES_FILE = f"{RESERVED_DIR}/properties.json"
+
+
+@dataclass
+class _Props:
+    stamp: tuple[int, int]
+    title: str
+    frontmatter: dict[str, Any]
+    tags: list[str]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)
+
+
+class _PropertyStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.lock = threading.Lock()
+        self.entries: dict[str, _Props] = {}
+        self.dirty = False
+        try:
+            data = json.loads((root / PROPERTIES_FILE).read_text(encoding="utf-8"))
+            if data.get("format") == 1:
+                for rel, (mtime, size, title, fm, tags) in data["notes"].items():
+                    self.entries[str(rel)] = _Props((int(mtime), int(size)), str(title), dict(fm),
+                                                    [str(t) for t in tags])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self.entries = {}  # none yet, or damaged: parsed again
+
+    def get(self, rel: str) -> _Props | None:
+        try:
+            st = (self.root / rel).stat()
+        except OSError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        props = self.entries.get(rel)
+        if props is not None and props.stamp == stamp:
+            return props
+        note = _cache.note(self.root, rel)
+        if note is None:
+            return None
+        props = _Props(stamp, note.title, _jsonable(note.frontmatter), list(note.tags))
+        self.entries[rel] = props
+        self.dirty = True
+        return props
+
+    def save(self, present: set[str]) -> None:
+        for gone in set(self.entries) - present:
+            del self.entries[gone]
+            self.dirty = True
+        if not self.dirty:
+            return
+        data = {"format": 1, "notes": {
+            rel: [p.stamp[0], p.stamp[1], p.title, p.frontmatter, p.tags] for rel, p in self.entries.items()
+        }}
+        try:
+            (self.root / RESERVED_DIR).mkdir(exist_ok=True)
+            atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False))
+            self.dirty = False
+        except OSError:
+            pass  # a read-only kiln: parsed again next time
+
+
+_stores: dict[Path, _PropertyStore] = {}
+_stores_lock = threading.Lock()
+
+
+def _property_store(root: Path) -> _PropertyStore:
+    with _stores_lock:
+        store = _stores.get(root)
+        if store is None:
+            store = _stores[root] = _PropertyStore(root)
+        return store
+
+
 def _notes_text(root: Path) -> Iterator[tuple[str, str]]:
     root = Path(root).resolve()
     for rel in iter_markdown(root):
@@ -426,9 +514,24 @@ def property_search(
     if limit < 1 or limit > MAX_LIMIT:
         raise CrucibleError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
     root = Path(root).resolve()
+    store = _property_store(root)
+    with store.lock:
+        return _property_matches(root, store, key, value, tag, word, limit)
+
+
+def _property_matches(
+    root: Path, store: _PropertyStore, key: str | None, value: str | None, tag: str | None,
+    word: str | None, limit: int,
+) -> list[SearchResult]:
     results: list[SearchResult] = []
+    listed: set[str] = set()
+    complete = True
     for rel in iter_markdown(root):
-        note = _cache.note(root, rel)
+        if len(results) >= limit:
+            complete = False
+            break
+        listed.add(rel)
+        note = store.get(rel)
         if note is None:
             continue
         fm = {str(k): v for k, v in note.frontmatter.items()}
@@ -457,15 +560,17 @@ def property_search(
             tags_hit = _tag_match(w, note.tags)
             if not keys and not tags_hit:
                 continue
-        text, line = _fm_lines(note.text, keys)
+        text, line = _fm_lines(_cache.get(root, rel).text or "", keys)
         if tags_hit:
             text = (text + " " if text else "") + "tags: " + ", ".join(f"#{t}" for t in tags_hit)
         results.append(SearchResult(
             path=rel, title=note.title, score=1.0, heading=None, snippet=text[:SNIPPET_CHARS],
             line=line,
         ))
-        if len(results) >= limit:
-            break
+    if complete:
+        store.save(listed)  # forgets deleted notes too
+    elif store.dirty:
+        store.save(set(store.entries))
     return results
 
 

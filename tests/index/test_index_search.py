@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,38 @@ def test_lexical_index_is_saved_and_follows_other_processes(
     finally:
         for h in handles:
             h.close()
+
+
+def test_property_search_reuses_what_it_parsed(tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crucible.kiln import search as search_mod
+
+    def new_process() -> None:
+        monkeypatch.setattr(search_mod, "_stores", {})
+        monkeypatch.setattr(search_mod, "_cache", search_mod._NoteCache())
+
+    assert [r.path for r in property_search(tiny_kiln, "status:draft")] == ["Cooking/Pasta.md"]
+    saved = tiny_kiln / ".crucible" / "properties.json"
+    assert saved.is_file() and str(tiny_kiln) not in saved.read_text()
+
+    new_process()
+    parsed: list[str] = []
+    real_parse = search_mod.parse_note
+
+    def counting_parse(text: str, path: str) -> Any:
+        parsed.append(path)
+        return real_parse(text, path)
+
+    monkeypatch.setattr(search_mod, "parse_note", counting_parse)
+    (tiny_kiln / "Garden/Compost.md").write_text("---\nstatus: draft\n---\n# Compost heap\n")
+    (tiny_kiln / "Links.md").unlink()
+    hits = property_search(tiny_kiln, "status:draft")
+    assert [r.path for r in hits] == ["Cooking/Pasta.md", "Garden/Compost.md"]
+    assert parsed == ["Garden/Compost.md"]  # only the changed note was parsed again
+    assert hits[0].snippet == "status: draft" and hits[0].title == "Pasta night"
+    assert "Links.md" not in json.loads(saved.read_text())["notes"]
+
+    saved.write_text("[1, 2")  # damaged: everything is parsed again, nothing breaks
+    new_process()
+    parsed.clear()
+    assert [r.path for r in property_search(tiny_kiln, "#food")] == ["Cooking/Pasta.md"]
+    assert sorted(parsed) == ["Cooking/Pasta.md", "Garden/Compost.md"]
