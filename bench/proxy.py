@@ -15,6 +15,10 @@ Each flood is read by two clients, the same one on both sides of each ratio:
        built on it would read the stream: the goal's comparison.
 
     python bench/proxy.py [--runs 15] [--n 100000] [--repeat 3]
+
+Through cru acp three processes share the CPU (agent, proxy, client) where the direct path
+has two, so on a small or busy machine the sdk share is bounded by the proxy's own ceiling
+(the raw-client figure), not only by its cost per event.
 """
 
 from __future__ import annotations
