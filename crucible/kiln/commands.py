@@ -130,6 +130,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         progress = _progress_bar if sys.stderr.isatty() else _progress_lines
         with progress() as show:
             report = index.update(progress=show, rebuild=rebuild)
+        index.warm_lexical()  # saved under .crucible/: the next search needs no rebuild
         if args.json:
             _print_json(report.to_json())
         else:

@@ -844,6 +844,13 @@ class KilnIndex:
             chunks.sort(key=lambda c: c.ordinal)
         return out
 
+    def warm_lexical(self) -> None:
+        """Load or build the BM25 index now, and save it, so the first search is quick."""
+        with self._lex_lock:
+            lex = self._lexical_index()
+            if self._lex_dirty and self._lex_generation is not None:
+                self._save_lexical(lex, self._lex_generation)
+
     def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
         """Notes by BM25: (path, score), best first."""
         with self._lex_lock:
