@@ -85,13 +85,27 @@ def _ask_login_shell() -> str | None:
     return None
 
 
+def _wants_shell_path() -> bool:
+    """Started from a terminal, our PATH already is the shell's: asking costs 0.5 s or more.
+    Started by an editor or a desktop launcher (stdin not a TTY), it often is not.
+    CRUCIBLE_LOGIN_PATH=1 / 0 forces either way."""
+    forced = os.environ.get("CRUCIBLE_LOGIN_PATH")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        return not os.isatty(0)
+    except OSError:
+        return True
+
+
 def login_shell_path() -> str:
     """PATH as the person's login shell sets it, merged with ours (shell entries first).
     Asked once per process (blocking, bounded by a short timeout), then cached."""
     global _shell_path_cache
     with _shell_path_lock:
         if _shell_path_cache is None:
-            _shell_path_cache = merge_paths(_ask_login_shell() or "", os.environ.get("PATH", ""))
+            shell = _ask_login_shell() if _wants_shell_path() else None
+            _shell_path_cache = merge_paths(shell or "", os.environ.get("PATH", ""))
         return _shell_path_cache
 
 

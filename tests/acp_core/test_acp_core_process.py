@@ -71,6 +71,11 @@ def test_login_shell_path_reads_rc_and_profile_past_banners(
     shell.chmod(0o755)
     monkeypatch.setenv("SHELL", str(shell))
     monkeypatch.setenv("PATH", "/usr/bin:/bin:/only/in/current")
+    # Started from a terminal (or forced off), the shell is not asked: our PATH is its PATH.
+    monkeypatch.setenv("CRUCIBLE_LOGIN_PATH", "0")
+    monkeypatch.setattr(process_mod, "_shell_path_cache", None)
+    assert login_shell_path() == "/usr/bin:/bin:/only/in/current"
+    monkeypatch.setenv("CRUCIBLE_LOGIN_PATH", "1")
     monkeypatch.setattr(process_mod, "_shell_path_cache", None)
     path = login_shell_path().split(":")
     assert path[:2] == ["/opt/from-rc/bin", "/opt/from-profile/bin"]
