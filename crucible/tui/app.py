@@ -820,7 +820,7 @@ class ChatUI:
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 break
             # Drain what is already there: one wake-up per batch, not per chunk.
-            while len(batch) < 2048:
+            while len(batch) < 256:
                 try:
                     batch.append(channel.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):

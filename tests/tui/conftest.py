@@ -30,6 +30,7 @@ class Screen:
         self.stream = pyte.ByteStream(self.screen)
         self.child = pexpect.spawn(argv[0], argv[1:], env=env, cwd=str(cwd), dimensions=(rows, cols),
                                    timeout=30)
+        self.child.delaybeforesend = None  # pexpect sleeps 50 ms before each send by default
         self.raw = bytearray()
 
     def pump(self, timeout: float = 0.05) -> bool:
