@@ -7,7 +7,10 @@ frames, typed updates, permission requests, fs calls) and answers like a person 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +38,76 @@ from acp.schema import (
 )
 
 T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
+ECHO_MCP = REPO / "fixtures" / "echo_mcp_server.py"
+
+
+class AcpSetup:
+    """A private kiln, work folder, data dir and scripted-agent log for one test."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], kiln: Path, cru: str) -> None:
+        self.tmp, self.env, self.kiln, self.cru = tmp, env, kiln, cru
+        self.work = tmp / "work"
+        self.work.mkdir()
+        self.log_path = tmp / "agent-log.jsonl"
+        self.stderr_path = tmp / "cru-acp-stderr.txt"
+        self.script_path = tmp / "script.json"
+
+    def script(self, data: dict[str, Any]) -> Path:
+        self.script_path.write_text(json.dumps({"log": str(self.log_path), **data}), encoding="utf-8")
+        return self.script_path
+
+    @property
+    def agent_command(self) -> str:
+        return shlex.join([sys.executable, str(SCRIPTED), str(self.script_path)])
+
+    def argv(self, *extra: str, agent_command: str | None = None) -> list[str]:
+        return [self.cru, "acp", "--agent-command", agent_command or self.agent_command,
+                "--kiln", str(self.kiln), *extra]
+
+    def log(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def results(self, name: str | None = None) -> list[Any]:
+        """What the backend got back for its requests named `name` (the JSON-RPC result, or the
+        whole answer when it was an error)."""
+        out = []
+        for e in self.log():
+            if e.get("kind") == "result" and (name is None or e.get("as") == name):
+                r = e["result"]
+                out.append(r["result"] if isinstance(r, dict) and "result" in r else r)
+        return out
+
+    def inbound(self, method: str) -> list[dict[str, Any]]:
+        return [e["frame"] for e in self.log() if e.get("kind") == "in" and e["frame"].get("method") == method]
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
+
+
+class RealClaude:
+    """`cru acp -a claude` (the real claude-agent-acp from npm) against the fake LLM, offline."""
+
+    def __init__(self, acp: AcpSetup, llm: Any) -> None:
+        import agent_env
+
+        self.acp, self.llm = acp, llm
+        _, env = agent_env.agent_launch("claude", llm.url, acp.tmp / "home")
+        self.env = {**env, "XDG_CONFIG_HOME": acp.env["XDG_CONFIG_HOME"], "XDG_DATA_HOME": acp.env["XDG_DATA_HOME"]}
+
+    def argv(self, *extra: str) -> list[str]:
+        import netns
+
+        argv = [self.acp.cru, "acp", "-a", "claude", "--kiln", str(self.acp.kiln), *extra]
+        if netns.unavailable_reason() is None:
+            argv = netns.wrap(argv, [self.llm.port])
+        return argv
+
+
 
 
 class Editor:

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acp_agent_driver import pids_with
-from conftest import ECHO_MCP, AcpSetup, RealClaude
+from acp_agent_driver import ECHO_MCP, AcpSetup, RealClaude, pids_with
 
 PERMISSION_SCRIPT: dict[str, Any] = {
     "new_session": {"list_mcp_tools": True},

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 from acp.schema import InitializeResponse, McpServerStdio, TextContentBlock
-from acp_agent_driver import Editor, drive
-from conftest import ECHO_MCP, RealClaude
+from acp_agent_driver import ECHO_MCP, Editor, RealClaude, drive
 from fake_llm import Reply
 
 pytestmark = [pytest.mark.real_agent]

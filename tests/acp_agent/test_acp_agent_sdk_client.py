@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from acp import RequestError
 from acp.schema import ImageContentBlock, InitializeResponse, McpServerStdio, TextContentBlock
-from acp_agent_driver import Editor, drive, pids_with
-from conftest import ECHO_MCP, AcpSetup
+from acp_agent_driver import ECHO_MCP, AcpSetup, Editor, drive, pids_with
 
 
 def run(acp: AcpSetup, editor: Editor, body: Any, *extra: str, agent_command: str | None = None) -> Any:
