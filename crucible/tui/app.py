@@ -113,6 +113,15 @@ HELP_KEYS = [
 ]
 
 
+def _shift_enter_is_newline() -> None:
+    """Terminals that tell Shift-Enter apart send CSI-u (kitty, foot, WezTerm) or xterm's
+    modifyOtherKeys form; prompt-toolkit maps the latter to Enter. Both insert a new line here."""
+    from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
+
+    ANSI_SEQUENCES["\x1b[13;2u"] = Keys.ControlJ
+    ANSI_SEQUENCES["\x1b[27;2;13~"] = Keys.ControlJ
+
+
 def _fmt_tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
@@ -155,6 +164,7 @@ class ChatUI:
         self.restart_requested = False
         self.submit_send, self.submit_recv = trio.open_memory_channel[tuple[str, list[dict[str, Any]]]](64)
 
+        _shift_enter_is_newline()
         self.input = Buffer(
             multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
             completer=ChatCompleter(self.agent_commands, lambda: self.notes),

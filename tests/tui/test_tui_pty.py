@@ -303,3 +303,56 @@ def test_no_terminal_is_a_clear_error(tui: TuiRunner) -> None:
                           str(tui.kiln)], env=tui.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode != 0
     assert "needs a terminal" in res.stderr and "-p" in res.stderr
+
+
+def test_dialog_shows_the_diff_and_an_always_answer_is_remembered(tui: TuiRunner) -> None:
+    permission = {"permission": {
+        "toolCall": {"toolCallId": "e1", "title": "Edit plan.md", "kind": "edit",
+                     "content": [{"type": "diff", "path": "plan.md", "oldText": "keep\nold line\n",
+                                  "newText": "keep\nnew line\n"}]},
+        "options": [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+                    {"optionId": "never", "name": "Never", "kind": "reject_always"}]}}
+    cost = {"used": 1200, "size": 100000, "cost": {"amount": 0.75, "currency": "USD"}}
+    script = {"prompts": [[permission, {"usage": cost}, {"text": "first done"}],
+                          [dict(permission, **{"as": "again"}), {"text": "second done"}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("edit it")
+    shown = screen.wait_for("Permission:")
+    assert "Edit plan.md" in shown and "[edit]" in shown
+    assert "-old line" in shown and "+new line" in shown  # the diff, not the raw input
+    assert fg_of(screen, "+new line") != "default"
+    assert "reject always" in shown and "allow always" not in shown
+    screen.send("N")
+    first = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert first["result"]["result"]["outcome"] == {"outcome": "selected", "optionId": "never"}
+    screen.wait_for("first done")
+    screen.wait_for(lambda s: "0.7500 USD" in s.splitlines()[-1])
+    screen.type_line("/usage")
+    screen.wait_for("0.7500 USD last turn, 0.7500 USD this session")
+    # The same tool again in this session: no dialog, the remembered answer rejects it.
+    screen.type_line("edit it again")
+    screen.wait_for("second done")
+    again = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("as") == "again")
+    assert again["result"]["result"]["outcome"]["optionId"] in ("no", "never")
+    assert "Permission:" not in screen.text()
+    screen.wait_for("remembered answer")
+    leave(screen)
+
+
+def test_shift_enter_and_esc_enter_make_a_multi_line_message(tui: TuiRunner) -> None:
+    screen = tui.open(None)
+    screen.wait_for("ready")
+    screen.send("one")
+    screen.send("\x1b[13;2u")  # Shift-Enter as kitty / CSI-u terminals send it
+    screen.send("two")
+    screen.send("\x1b[27;2;13~")  # Shift-Enter as xterm's modifyOtherKeys sends it
+    screen.send("three")
+    screen.send(ESC_ENTER)
+    screen.send("four")
+    screen.wait_for("four")
+    screen.send("\r")
+    screen.wait_for("echo: one")
+    assert prompts_sent(tui)[0][0]["text"] == "one\ntwo\nthree\nfour"
+    leave(screen)
