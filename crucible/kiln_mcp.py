@@ -340,27 +340,11 @@ class CrucibleKilnBackend:
     # --- changes --------------------------------------------------------------------------
 
     async def watch_changes(self, on_change: ChangeFn) -> None:
-        import anyio.to_thread
-        from watchfiles import awatch
+        """Changed notes, as the kiln's one watcher sees them; the index (once open) is
+        updated before `on_change` hears of them."""
+        from crucible.kiln.watcher import watch_kiln
 
-        from crucible.kiln.paths import to_rel
-
-        def is_note(_change: Any, path: str) -> bool:
-            if not path.lower().endswith(".md"):
-                return False
-            try:
-                rel = to_rel(self.root, Path(path))
-            except CrucibleError:
-                return False
-            return not any(part.startswith(".") for part in rel.split("/"))
-
-        # rust_timeout: the watcher thread notices a cancel within 0.1 s (default 5 s holds up exit)
-        async for changes in awatch(self.root, watch_filter=is_note, debounce=200, step=50, rust_timeout=100):
-            paths = sorted({to_rel(self.root, Path(p)) for _, p in changes})
-            index = self._index
-            if index is not None:
-                await anyio.to_thread.run_sync(index.update_paths, paths)
-            await on_change(paths)
+        await watch_kiln(self.root, lambda: self._index, on_change=on_change)
 
 
 def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:

@@ -45,3 +45,17 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     env.pop("CRUCIBLE_CONFIG", None)
     env.pop("CRUCIBLE_KILN", None)
     return env
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """Test modules import helpers with `from conftest import ...`. Every folder's conftest.py
+    is a module named `conftest`, so point that name at the collected module's own folder's
+    conftest before the module is imported (otherwise the last one loaded wins)."""
+    path = getattr(collector, "path", None)
+    if not isinstance(collector, pytest.Module) or path is None:
+        return
+    local = str(path.parent / "conftest.py")
+    for plugin in collector.config.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) == local:
+            sys.modules["conftest"] = plugin
+            return

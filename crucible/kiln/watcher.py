@@ -55,7 +55,7 @@ def _note_paths(root: Path, changes: set[tuple[Change, str]]) -> list[str]:
 
 async def watch_kiln(
     root: Path,
-    index: KilnIndex,
+    index: KilnIndex | Callable[[], KilnIndex | None] | None,
     *,
     on_change: Callable[[list[str]], Awaitable[None]] | None = None,
     debounce_ms: int = DEBOUNCE_MS,
@@ -65,7 +65,9 @@ async def watch_kiln(
 
     Start it with `await nursery.start(watch_kiln, root, index)`: it returns once the watch is
     armed, so no edit made after that is missed. `on_change` gets the kiln-relative note paths
-    of each batch (a folder's notes included) once the index has them. An update that fails (say, the index is locked by
+    of each batch (a folder's notes included) once the index has them. `index` may be a
+    getter (an index opened lazily, e.g. at the first search) or None: then changes are only
+    reported. An update that fails (say, the index is locked by
     another process) is logged and retried with the next batch, which includes the missed paths.
     """
     root = Path(await trio.Path(root).resolve())
@@ -84,9 +86,11 @@ async def watch_kiln(
         paths = sorted(set(_note_paths(root, changes)) | retry)
         if not paths:
             continue
+        current = index if index is None or isinstance(index, KilnIndex) else index()
         try:
-            paths = await trio.to_thread.run_sync(index.expand_paths, paths)
-            await trio.to_thread.run_sync(index.update_paths, paths)
+            if current is not None:
+                paths = await trio.to_thread.run_sync(current.expand_paths, paths)
+                await trio.to_thread.run_sync(current.update_paths, paths)
         except CrucibleError as exc:
             retry = set(paths)
             log.warning("kiln watcher: could not update the index: %s", exc.message)
