@@ -356,3 +356,29 @@ def test_shift_enter_and_esc_enter_make_a_multi_line_message(tui: TuiRunner) -> 
     screen.wait_for("echo: one")
     assert prompts_sent(tui)[0][0]["text"] == "one\ntwo\nthree\nfour"
     leave(screen)
+
+
+def test_a_bridge_side_ask_goes_through_the_same_dialog(tui: TuiRunner, kiln: Path) -> None:
+    """An agent that calls a mutating kiln tool without asking over ACP (as OpenCode does):
+    the bridge asks the person in the dialog; the answer decides whether the note is written."""
+    call = {"mcp_call": {"server": "crucible", "tool": "create_note",
+                         "arguments": {"path": "inbox/bridge.md", "content": "# Via the bridge\n"}},
+            "as": "create", "echo": True}
+    refused = {"mcp_call": {"server": "crucible", "tool": "create_note",
+                            "arguments": {"path": "inbox/refused.md", "content": "# No\n"}}, "as": "refused"}
+    script = {"new_session": {"list_mcp_tools": True}, "prompts": [[call, refused, {"text": "all done"}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    assert "never listed the kiln tools" not in screen.text()
+    screen.type_line("write it")
+    shown = screen.wait_for("Permission:")
+    assert "create_note" in shown and "inbox/bridge.md" in shown
+    screen.send("y")
+    screen.wait_for(lambda s: "Permission:" in s and "inbox/refused.md" in s)
+    screen.send("n")
+    screen.wait_for("all done")
+    assert (kiln / "inbox" / "bridge.md").read_text() == "# Via the bridge\n"
+    assert not (kiln / "inbox" / "refused.md").exists()
+    shown = screen.wait_for("create_note: reject_once")
+    assert "create_note: allow_once (the person chose allow once" in shown
+    leave(screen)
