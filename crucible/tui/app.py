@@ -18,7 +18,7 @@ from typing import Any
 import trio
 from prompt_toolkit.application import Application
 from prompt_toolkit.buffer import Buffer
-from prompt_toolkit.filters import Condition, has_completions
+from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
@@ -120,6 +120,13 @@ def _shift_enter_is_newline() -> None:
 
     ANSI_SEQUENCES["\x1b[13;2u"] = Keys.ControlJ
     ANSI_SEQUENCES["\x1b[27;2;13~"] = Keys.ControlJ
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The real errors inside (nested) exception groups from trio nurseries."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
 def _fmt_tokens(n: int) -> str:
@@ -402,14 +409,12 @@ class ChatUI:
             def _answer(event: KeyPressEvent, key: str = key) -> None:
                 self.answer_permission(key)
 
-        @kb.add("enter", filter=has_completions & Condition(lambda: self.input.complete_state is not None
-                                                             and self.input.complete_state.current_completion
-                                                             is not None))
-        def _take_completion(event: KeyPressEvent) -> None:
-            self.input.complete_state = None
-
         @kb.add("enter", filter=~dialog)
         def _submit(event: KeyPressEvent) -> None:
+            state = self.input.complete_state
+            if state is not None and state.current_completion is not None:
+                self.input.complete_state = None  # Enter takes the chosen completion
+                return
             self.submit()
 
         @kb.add("escape", "enter")
@@ -780,8 +785,12 @@ class ChatUI:
                         nursery.start_soon(self.run_turns, session)
                         await self.session_done.wait()
                         nursery.cancel_scope.cancel()
-            except CrucibleError as exc:
-                self.error(exc.message + (f"\nfix: {exc.fix}" if getattr(exc, "fix", None) else ""))
+            except Exception as exc:  # the chat outlives its agent session, whatever broke it
+                for leaf in _leaves(exc):
+                    if isinstance(leaf, CrucibleError):
+                        self.error(leaf.message + (f"\nfix: {leaf.fix}" if leaf.fix else ""))
+                    else:
+                        self.error(f"the agent session failed: {sanitize(str(leaf)) or type(leaf).__name__}")
                 self.notice("/restart tries again; Ctrl-D leaves")
             finally:
                 self.agent_alive = False

@@ -65,6 +65,10 @@ class Screen:
             if not alive or time.monotonic() > deadline:
                 raise AssertionError(f"the screen never showed {what!r} (alive={alive}); it shows:\n{shown}")
 
+    def wait_all(self, *texts: str, timeout: float = 30) -> str:
+        """Wait until every text is on screen (a frame may arrive in several reads)."""
+        return self.wait_for(lambda s: all(t in s for t in texts), timeout=timeout)
+
     def send(self, keys: str | bytes) -> None:
         self.child.send(keys)
 

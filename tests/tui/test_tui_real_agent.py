@@ -50,12 +50,11 @@ def test_claude_asks_for_create_note_in_the_dialog(claude_screen: Screen, fake_l
                   Reply.text_reply("Finished."))
     screen.wait_for(lambda s: "ready" in s.splitlines()[-1], timeout=90)
     screen.type_line("Write a note for me")
-    shown = screen.wait_for("Permission:", timeout=90)
-    assert "create_note" in shown and "inbox/from-agent.md" in shown
+    screen.wait_all("Permission:", "create_note", "inbox/from-agent.md", "reject once", timeout=90)
     screen.send(key)
     note = kiln / "inbox" / "from-agent.md"
     if key == "y":
-        shown = screen.wait_for("Finished.", timeout=90)
+        screen.wait_for("Finished.", timeout=90)
         assert note.read_text() == "# From the agent\n"
     else:
         screen.wait_for(lambda s: "ready" in s.splitlines()[-1] and "Write a note" in s, timeout=90)
