@@ -266,7 +266,7 @@ class ChatUI:
 
     def _status_text(self) -> StyleAndTextTuples:
         session = self.session
-        parts = [self.state]
+        parts = ["waiting for your answer" if self.queue.current is not None else self.state]
         parts.append(self.opts.agent.name + (f" › {self.opts.card.name}" if self.opts.card else ""))
         if session is not None and session.acp is not None:
             st = session.acp.state

@@ -18,7 +18,6 @@ from typing import Any, cast
 
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
-from prompt_toolkit.mouse_events import MouseEvent, MouseEventType
 
 from crucible.terminal import sanitize
 from crucible.tui.markdown import Fragments, MarkdownState, peek_line, render_line, wrap
@@ -262,12 +261,3 @@ class TranscriptControl(UIControl):
 
     def page(self, direction: int) -> None:
         self.scroll = max(0, self.scroll + direction * max(1, self._height - 2))
-
-    def mouse_handler(self, mouse_event: MouseEvent) -> Any:
-        if mouse_event.event_type == MouseEventType.SCROLL_UP:
-            self.scroll += 3
-            return None
-        if mouse_event.event_type == MouseEventType.SCROLL_DOWN:
-            self.scroll = max(0, self.scroll - 3)
-            return None
-        return NotImplemented

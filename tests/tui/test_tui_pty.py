@@ -383,3 +383,16 @@ def test_an_agent_that_cannot_start_leaves_the_chat_usable(tui: TuiRunner) -> No
     screen.type_line("/help")
     screen.wait_for("Commands:")
     leave(screen)
+
+
+def test_a_terminal_tool_call_shows_its_output(tui: TuiRunner) -> None:
+    script = {"prompts": [[
+        {"terminal": {"command": "echo", "args": ["hello-from-terminal"], "then": ["wait_for_exit"]}},
+        {"tool_call": {"toolCallId": "t1", "title": "Run echo", "kind": "execute", "status": "completed",
+                       "content": [{"type": "terminal", "terminalId": "term-1"}]}},
+        {"text": "ran it"}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("run")
+    screen.wait_all("Run echo", "[execute]", "$ terminal term-1", "hello-from-terminal", "ran it")
+    leave(screen)
