@@ -15,6 +15,7 @@ most once per call (OpenCode never asks over ACP: then the bridge asks).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -492,5 +493,9 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
                 return await client.resume_session(old.agent_session_id, opts.cwd, servers, **kw)
             if getattr(caps, "load_session", False):
                 session._resumed_natively = True
-                return await client.load_session(old.agent_session_id, opts.cwd, servers, **kw)
+                # The replay arrives before open_session yields, so nobody reads the events yet:
+                # an unbounded buffer keeps a long history (> the default 1024 events) from
+                # blocking the read loop, and with it the session/load answer (a deadlock).
+                return await client.load_session(old.agent_session_id, opts.cwd, servers,
+                                                 **{**kw, "event_buffer": math.inf})
     return await client.new_session(opts.cwd, servers, **kw)
