@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import SCRIPTED, Screen, TuiRunner, group_gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,18 +170,24 @@ def _saved_session(env: dict[str, str]) -> str:
     return metas[0].id
 
 
-def test_resume_shows_the_agents_replay_as_history(tui: TuiRunner) -> None:
+@pytest.mark.parametrize("filler", [0, 3000])
+def test_resume_shows_the_agents_replay_as_history(tui: TuiRunner, filler: int) -> None:
     caps = {"loadSession": True, "promptCapabilities": {"embeddedContext": True},
             "mcpCapabilities": {"http": True}, "sessionCapabilities": {}}  # load, not resume
+    # A long history (more updates than the session's event buffer) must not stall the load.
     script = {"initialize": {"result": {"agentCapabilities": caps}},
-              "history": [{"user_text": "what is sourdough?"}, {"text": "A slow bread."}]}
+              "history": [{"text": f"old line {i}\n"} for i in range(filler)]
+              + [{"user_text": "what is sourdough?"}, {"text": "A slow bread."}]}
     cmd = tui.agent_command(script)
     first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
                            env=tui.env, capture_output=True, text=True, timeout=60, cwd=tui.tmp)
     assert first.returncode == 0, first.stderr
     sid = _saved_session(tui.env)
     screen = tui.open(script, "--resume", sid)
-    screen.wait_all("history (replayed by the agent)", "what is sourdough?", "A slow bread.", "end of history")
+    screen.wait_all("what is sourdough?", "A slow bread.", "end of history")
+    if not filler:
+        assert "history (replayed by the agent)" in screen.text()
+    assert fg_of(screen, "A slow bread.") != "default"  # dimmed as history
     assert any(e.get("kind") == "in" and e["frame"].get("method") == "session/load" for e in tui.agent_log())
     screen.type_line("and now?")
     shown = screen.wait_for("echo: and now?")
