@@ -63,6 +63,7 @@ class SessionWriter:
         self._events: IO[str] = open(folder / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self._md: IO[str] = open(folder / "transcript.md", "a", encoding="utf-8")  # noqa: SIM115
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
+        self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
         if self._md.tell() == 0:
             self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
@@ -80,10 +81,11 @@ class SessionWriter:
         if kind in _CHUNKED:
             text = str(event.get("text", ""))
             if self._pending is not None and self._pending["type"] == kind:
-                self._pending["text"] += text
+                self._pending_text.append(text)
             else:
                 self._flush_pending()
-                self._pending = {"t": round(time.time(), 3), **event, "text": text}
+                self._pending = {"t": round(time.time(), 3), **event, "text": ""}
+                self._pending_text = [text]
             self._write_md(kind, text)
             return
         self._flush_pending()
@@ -97,8 +99,10 @@ class SessionWriter:
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
+            self._pending["text"] = "".join(self._pending_text)
             self._events.write(json.dumps(self._pending, ensure_ascii=False, default=str) + "\n")
             self._pending = None
+            self._pending_text = []
 
     def _write_md(self, kind: str, text: str) -> None:
         if not text:
