@@ -259,7 +259,8 @@ def test_note_mention_is_completed_and_embedded(tui: TuiRunner) -> None:
 
 def test_big_message_and_flood_keep_the_screen_responsive(tui: TuiRunner) -> None:
     script = {"prompts": [[{"big_text_mib": 5}, {"text": "\nBIG-END"}],
-                          [{"flood": {"count": 10000, "text": "y"}}, {"text": "\nFLOOD-END"}]]}
+                          [{"flood": {"count": 10000, "text": "y"}}, {"text": "\nFLOOD-END"}],
+                          [{"flood": {"count": 10000, "text": "z" * 500}}, {"text": "\nCHUNKED-END"}]]}
     screen = tui.open(script)
     screen.wait_for("ready")
     screen.type_line("big")
@@ -272,6 +273,11 @@ def test_big_message_and_flood_keep_the_screen_responsive(tui: TuiRunner) -> Non
     screen.wait_for("more keys")
     shown = screen.wait_for("FLOOD-END", timeout=60)
     assert "yyyyyyyy" in shown
+    screen.send("\x15")
+    screen.type_line("5 MB in 10,000 chunks")
+    screen.send("still typing")
+    screen.wait_for("still typing")
+    screen.wait_for("CHUNKED-END", timeout=60)
     screen.send("\x15")  # Ctrl-U: Ctrl-D leaves only from an empty line
     leave(screen)
 
