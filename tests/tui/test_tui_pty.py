@@ -232,6 +232,10 @@ def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
     screen.wait_for("context: 5321 of 200000 tokens")
     screen.type_line("/nonsense")
     screen.wait_for("unknown command /nonsense")
+    screen.type_line("/card")
+    screen.wait_for("no agent card in this session")
+    screen.type_line("/sessions")
+    screen.wait_all("Saved sessions (cru session resume ID):", "/summarize briefly")  # this one, titled
     leave(screen)
 
 
