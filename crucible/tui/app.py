@@ -539,12 +539,15 @@ class ChatUI:
         entry.append("› " + text)
         entry.finish()
         self.transcript.add(entry)
-        if not self.agent_alive:
+        starting = self.state == "starting agent"
+        if not self.agent_alive and not starting:
             self.error("the agent is not running: /restart starts it again")
             return
         blocks = await self.mention_blocks(text)
         running = self.session is not None and self.session.acp is not None and self.session.acp.turn_running
-        if running:
+        if starting:
+            self.notice("(queued: sent when the agent is ready)")
+        elif running:
             self.notice("(queued: sent when the current turn ends)")
         self.refresh()
         try:
