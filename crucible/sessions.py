@@ -457,6 +457,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 session.acp = acp
                 writer.meta.agent_session_id = acp.session_id
                 writer.save_meta()
+                await _apply_card_settings(session, acp)
                 with trio.move_on_after(BRIDGE_GRACE):
                     await session.bridge_listed.wait()
                 if not session.bridge_listed.is_set():
@@ -478,6 +479,52 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     finally:
         host.unmount(opts.kiln, bridge, base)
         writer.close()
+
+
+async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> None:
+    """The card's `mode` and `model`, when the agent offers them; a warning when it does not."""
+    from acp_host.jsonrpc import JsonRpcError
+
+    card = session.opts.card
+    if card is None:
+        return
+    problems: list[str] = []
+    if card.mode:
+        if any(m.id == card.mode for m in acp.state.modes):
+            try:
+                await acp.set_mode(card.mode)
+            except JsonRpcError as exc:
+                problems.append(f"the agent refused mode {card.mode!r}: {exc.message}")
+        else:
+            offered = ", ".join(m.id for m in acp.state.modes) or "none"
+            problems.append(f"card {card.name} asks for mode {card.mode!r}; the agent offers: {offered}")
+    if card.model:
+        option = next(iter(acp.state.models), None)
+        values = _option_values(option)
+        if option is not None and card.model in values:
+            try:
+                await acp.set_config_option(option.id, card.model)
+            except JsonRpcError as exc:
+                problems.append(f"the agent refused model {card.model!r}: {exc.message}")
+        else:
+            problems.append(f"card {card.name} asks for model {card.model!r}; the agent offers: "
+                            f"{', '.join(values) or 'no model choice'}")
+    for problem in problems:
+        session.warnings.append(problem)
+        session.writer.append({"type": "warning", "message": problem})
+
+
+def _option_values(option: Any) -> list[str]:
+    """The values a select config option offers (flat or grouped)."""
+    out: list[str] = []
+    for item in getattr(option, "options", None) or []:
+        value = getattr(item, "value", None)
+        if isinstance(value, str):
+            out.append(value)
+        for sub in getattr(item, "options", None) or []:
+            if isinstance(getattr(sub, "value", None), str):
+                out.append(sub.value)
+    return out
 
 
 async def _start_acp_session(session: CrucibleSession, client: AcpClient, servers: list[dict[str, Any]]) -> AcpSession:

@@ -137,3 +137,26 @@ def test_auth_refusal_at_session_new_names_the_fix(chat: ChatRunner, cru_bin: st
     assert res.returncode == 1
     assert "the agent gemini needs you to log in" in res.stderr
     assert "GEMINI_API_KEY" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_card_mode_and_model_are_applied_or_warned(chat: ChatRunner) -> None:
+    cards = chat.kiln / ".crucible" / "agents"
+    cards.mkdir(parents=True)
+    (cards / "planner2.md").write_text("---\ndescription: plans\nmode: plan\nmodel: smart\n---\nPlan first.\n")
+    (cards / "odd.md").write_text("---\ndescription: odd\nmode: yolo\nmodel: huge\n---\nx\n")
+    offers = {"new_session": {"result": {
+        "modes": {"currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"},
+                                                                 {"id": "plan", "name": "Plan"}]},
+        "configOptions": [{"id": "model", "name": "Model", "category": "model", "type": "select",
+                           "currentValue": "fast", "options": [{"value": "fast", "name": "Fast"},
+                                                               {"value": "smart", "name": "Smart"}]}]}},
+        "prompts": [[{"text": "ok"}]]}
+    res = chat.run(offers, "go", "--card", "planner2")
+    assert res.returncode == 0, res.stderr
+    methods = {e["frame"].get("method"): e["frame"].get("params") for e in chat.agent_log() if e.get("kind") == "in"}
+    assert methods["session/set_mode"]["modeId"] == "plan"
+    assert methods["session/set_config_option"]["value"] == "smart"
+    res = chat.run(offers, "go", "--card", "odd")
+    assert res.returncode == 0, res.stderr
+    assert "asks for mode 'yolo'; the agent offers: default, plan" in res.stderr
+    assert "asks for model 'huge'; the agent offers: fast, smart" in res.stderr
