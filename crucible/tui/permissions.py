@@ -9,12 +9,10 @@ session does it); `s` / `x` also save a rule to the config file's `[permissions]
 
 from __future__ import annotations
 
-import tomllib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -89,20 +87,24 @@ class PermissionQueue:
 
 
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:
-    """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file."""
-    import tomli_w
+    """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file,
+    comments and order included (tomlkit round-trips the document)."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
 
-    data: dict[str, Any] = {}
+    from crucible.kiln.atomic import atomic_write_text
+
+    doc = tomlkit.document()
     if path.exists():
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
+            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+        except TOMLKitError as exc:
             raise CrucibleError(f"{path.name} is not valid TOML ({exc})", "fix the file, then save the rule again") from None
-    section = data.setdefault("permissions", {})
+    if "permissions" not in doc:
+        doc["permissions"] = tomlkit.table()
+    section = doc["permissions"]
     if not isinstance(section, dict):
         raise CrucibleError(f"{path.name}: `permissions` is not a table", "make it a [permissions] table")
     section[tool] = rule
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, tomlkit.dumps(doc))

@@ -103,9 +103,12 @@ async def test_save_and_remember_key_returns_the_rule() -> None:
 
 def test_save_permission_rule_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
-    path.write_text('kiln = "~/notes"\n[agents.mine]\ncommand = "x"\n[permissions]\nread_note = "allow"\n')
+    path.write_text('# my settings\nkiln = "~/notes"  # where my notes live\n[agents.mine]\ncommand = "x"\n'
+                    '[permissions]\n# reads are fine\nread_note = "allow"\n')
     save_permission_rule(path, "create_note", "allow")
     save_permission_rule(path, "delete_*", "deny")
+    text = path.read_text()
+    assert "# my settings" in text and "# where my notes live" in text and "# reads are fine" in text
     data = tomllib.loads(path.read_text())
     assert data == {"kiln": "~/notes", "agents": {"mine": {"command": "x"}},
                     "permissions": {"read_note": "allow", "create_note": "allow", "delete_*": "deny"}}
