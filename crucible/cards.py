@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
@@ -35,6 +36,70 @@ class CardDelegation(BaseModel):
     max_depth: int | None = None
 
 
+_SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class CardMcpServer(BaseModel):
+    """An MCP server the card gives its agent, as a card author writes it:
+    `command` (+ `args`, `env`) for a local program over stdio, or `url` (+ `headers`) for
+    http/sse. Strings may hold `{env:VAR}`, filled in when a session starts (not when the
+    card is read, so `cru cards show` never prints a secret). Relative paths stay as written:
+    the agent starts the server in its own working directory."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    type: Literal["stdio", "http", "sse"] | None = None  # None: stdio with `command`, http with `url`
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("args", "env", "headers", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: object) -> object:
+        # YAML reads `--port, 8080` or `RETRIES: 3` as numbers; a program sees text anyway.
+        def text(v: object) -> object:
+            return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+        if isinstance(value, list):
+            return [text(v) for v in value]
+        if isinstance(value, Mapping):
+            return {k: text(v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _transport(self) -> CardMcpServer:
+        from crucible.sessions import BRIDGE_NAME
+
+        who = f"MCP server {self.name!r}"
+        if not _SERVER_NAME.fullmatch(self.name):
+            raise ValueError(f"{who}: a name is letters, digits, '-' and '_' (agents build tool names from it)")
+        if self.name == BRIDGE_NAME:
+            raise ValueError(f"{who}: the name {BRIDGE_NAME!r} is Crucible's own kiln bridge; pick another name")
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"{who}: give exactly one of `command` (a program the agent starts, stdio) "
+                             "or `url` (a running server, http or sse)")
+        if self.command is not None:
+            if self.type not in (None, "stdio"):
+                raise ValueError(f"{who}: type {self.type!r} needs `url`, not `command`")
+            if not self.command.strip():
+                raise ValueError(f"{who}: `command` is empty")
+            if self.headers:
+                raise ValueError(f"{who}: `headers` are for `url` servers; a `command` server takes `env`")
+            self.type = "stdio"
+        else:
+            if self.type == "stdio":
+                raise ValueError(f"{who}: type 'stdio' needs `command`, not `url`")
+            if not str(self.url).startswith(("http://", "https://")):
+                raise ValueError(f"{who}: `url` must start with http:// or https://")
+            if self.args or self.env:
+                raise ValueError(f"{who}: `args` and `env` are for `command` servers; a `url` server takes `headers`")
+            self.type = self.type or "http"
+        return self
+
+
 class Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,7 +110,7 @@ class Card(BaseModel):
     model: str | None = None
     mode: str | None = None
     tools: dict[str, Rule] = Field(default_factory=dict)
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    mcp_servers: list[CardMcpServer] = Field(default_factory=list)
     delegation: CardDelegation = Field(default_factory=CardDelegation)
     tags: list[str] = Field(default_factory=list)
     body: str = ""
@@ -64,6 +129,59 @@ class Card(BaseModel):
     def _version(cls, value: object) -> object:
         return None if value is None else str(value)
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_servers(cls, value: list[CardMcpServer]) -> list[CardMcpServer]:
+        names = [s.name for s in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"two MCP servers are named {twice[0]!r}; give each a unique `name`")
+        return value
+
+    def acp_mcp_servers(self, capabilities: Any, agent: str,
+                        env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """This card's MCP servers as ACP `mcpServers` entries for session/new, `{env:VAR}`
+        filled in from `env` (default: this process's environment). An http/sse server for an
+        agent that did not advertise that transport in `mcpCapabilities` is an error, not a
+        warning: the card's instructions count on those tools."""
+        from acp.schema import EnvVariable, HttpHeader, HttpMcpServer, McpServerStdio, SseMcpServer
+
+        from crucible.config import ConfigError, _interpolate
+
+        env = os.environ if env is None else env
+        mcp_caps = getattr(capabilities, "mcp_capabilities", None)
+        out: list[dict[str, Any]] = []
+        for i, server in enumerate(self.mcp_servers):
+            raw = server.model_dump(include={"command", "args", "env", "url", "headers"})
+            try:
+                # Path(): the card's label stands where config errors name their file.
+                filled = _interpolate(raw, ("mcp_servers", i), env, Path(f"card {self.file or self.name}"))
+            except ConfigError as exc:
+                raise CardError(f"{exc.message} (needed to start the card's MCP server {server.name!r})",
+                                exc.fix) from None
+            entry: McpServerStdio | HttpMcpServer | SseMcpServer
+            if server.type == "stdio":
+                # No `type` key on stdio (claude-agent-acp reads any `type` as http); args and
+                # env always present (SDK-based agents drop entries without them).
+                entry = McpServerStdio(name=server.name, command=filled["command"], args=filled["args"],
+                                       env=[EnvVariable(name=k, value=v) for k, v in filled["env"].items()])
+            else:
+                if not getattr(mcp_caps, server.type or "http", False):
+                    raise CardError(
+                        f"card {self.file or self.name}: MCP server {server.name!r} is an {server.type} server, "
+                        f"and the agent {agent} does not take {server.type} MCP servers "
+                        f"(its mcpCapabilities do not list {server.type})",
+                        "give the server a `command` the agent can start (stdio, which every agent takes), "
+                        f"or run the card with an agent that supports {server.type} MCP servers "
+                        "(the card's `agent:` or `cru chat -a`)")
+                headers = [HttpHeader(name=k, value=v) for k, v in filled["headers"].items()]
+                if server.type == "sse":
+                    entry = SseMcpServer(type="sse", name=server.name, url=filled["url"], headers=headers)
+                else:
+                    entry = HttpMcpServer(type="http", name=server.name, url=filled["url"], headers=headers)
+            out.append(entry.model_dump(by_alias=True, exclude_none=True))
+        return out
+
 
 def _plain(value: Any) -> Any:
     """ruamel's round-trip types -> plain python, for pydantic."""
@@ -72,6 +190,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+# Sections of a card that are models of their own (for "unknown field; allowed: ...").
+_NESTED: dict[str, type[BaseModel]] = {"mcp_servers": CardMcpServer, "delegation": CardDelegation}
 
 
 def parse_card(text: str, file_label: str, *, origin: str = "builtin", stem: str | None = None) -> Card:
@@ -100,10 +222,13 @@ def parse_card(text: str, file_label: str, *, origin: str = "builtin", stem: str
         return Card(**data, body=body, origin=origin, file=file_label)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(card)"
+        loc = err["loc"]
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "(card)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(k for k in Card.model_fields if k not in ("body", "origin", "file"))
+            nested = _NESTED.get(str(loc[0])) if len(loc) > 1 else None
+            model: type[BaseModel] = nested or Card
+            allowed = ", ".join(k for k in model.model_fields if k not in ("body", "origin", "file"))
             msg = f"unknown field; allowed: {allowed}"
         elif err["type"] == "missing":
             msg = "required field is missing"

@@ -452,7 +452,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
             try:
                 entry = _bridge_entry(client, host.url(base), token)
                 session.bridge_transport = "http" if "url" in entry else "stdio"
-                servers = [entry, *opts.extra_mcp_servers]
+                card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
+                servers = [entry, *card_servers, *opts.extra_mcp_servers]
                 acp = await _start_acp_session(session, client, servers)
                 session.acp = acp
                 writer.meta.agent_session_id = acp.session_id
