@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -222,3 +223,54 @@ def test_a_delegated_child_gets_its_cards_servers(setup: Setup) -> None:
     # The parent has no card: it got only the bridge.
     assert [s["name"] for s in session_new_servers(setup, "parent")] == ["crucible"]
     assert [c["query"] for c in echo_calls(setup)] == ["bread"]
+
+
+# ---- a real agent -------------------------------------------------------------------------------
+
+
+@pytest.mark.real_agent
+def test_opencode_calls_a_tool_on_the_cards_server(tmp_path: Path, fixture_kiln_src: Path, cru_bin: str) -> None:
+    sys.path.insert(0, str(REPO / "fixtures"))
+    import agent_env
+    import netns
+    from fake_llm import FakeLLM, Reply
+
+    reason = agent_env.ensure_npm()
+    if reason is not None:
+        pytest.skip(reason)
+    kiln = tmp_path / "kiln"
+    shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+    (kiln / ".crucible" / "agents").mkdir(parents=True)
+    (kiln / ".crucible" / "agents" / "echoer.md").write_text(card(f"""\
+mcp_servers:
+  - name: echo
+    command: {json.dumps(sys.executable)}
+    args: [echo_server.py, --log, echo-calls.jsonl]
+    env: {{ECHO_MCP_RESULT: "notes/{{env:CARD_SECRET}}.md"}}
+"""), encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(ECHO_SERVER, work / "echo_server.py")
+    config = tmp_path / "config.toml"
+    config.write_text("", encoding="utf-8")
+    with FakeLLM() as llm:
+        _, env = agent_env.agent_launch("opencode", llm.url, tmp_path / "home")
+        env["CRUCIBLE_CONFIG"] = str(config)
+        env["CARD_SECRET"] = SECRET
+        llm.push(Reply.tool_call("semantic_search", {"query": "sourdough"}, server="echo"),
+                 Reply.text_reply("FINAL: the echo server answered."))
+        argv = [cru_bin, "chat", "-a", "opencode", "--card", "echoer", "--kiln", str(kiln), "--cwd", str(work),
+                "-p", "Find my sourdough note."]
+        if netns.unavailable_reason() is None:
+            argv = netns.wrap(argv, [llm.port])
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd=work)
+        offered = llm.main_requests()[0].tool_names() if llm.main_requests() else []
+        results = "\n".join(llm.tool_result_texts())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "echo_semantic_search" in offered, offered
+    # The server OpenCode started from the card ran the call, with the card's env filled in,
+    # and OpenCode handed its reply to the LLM.
+    calls = [json.loads(line) for line in (work / "echo-calls.jsonl").read_text().splitlines()]
+    assert [c["query"] for c in calls] == ["sourdough"]
+    assert f"Best match: notes/{SECRET}.md" in results, results
+    assert "FINAL: the echo server answered." in res.stdout
