@@ -40,19 +40,17 @@ from acp_host.session import (
     CommandsChanged,
     ConfigOptionsChanged,
     HistoryReplay,
-    MessageChunk,
     ModeChanged,
-    PermissionResolved,
     PlanChanged,
     SessionError,
     SessionInfoChanged,
-    ThoughtChunk,
     ToolCallEvent,
     TurnEnded,
     UsageChanged,
-    UserChunk,
 )
+from crucible.delegation import ChildEvent, ChildStatus
 from crucible.errors import CrucibleError
+from crucible.permissions import tool_key_from_acp
 from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_session
 from crucible.terminal import sanitize
 from crucible.tui.bridge import Pacer, run_with_trio
@@ -60,13 +58,13 @@ from crucible.tui.commands import OWN_COMMANDS, ChatCompleter, mentions, parse_s
 from crucible.tui.markdown import Fragments
 from crucible.tui.permissions import KEYS, PermissionQueue, save_permission_rule
 from crucible.tui.transcript import (
-    BlockEntry,
+    ChildSection,
+    Feed,
     TextEntry,
     TranscriptControl,
     diff_lines,
     pretty,
     text_block_lines,
-    tool_call_lines,
 )
 
 STYLE = Style.from_dict({
@@ -104,11 +102,14 @@ STYLE = Style.from_dict({
     "status": "reverse",
     "status.flash": "reverse bold",
     "history": "#6c6c6c",
+    "child.head": "bold #87afd7",
+    "child.bar": "#5f87af",
 })
 
 HELP_KEYS = [
     ("Enter", "send"), ("Esc Enter / Shift-Enter / Ctrl-J", "new line"), ("Ctrl-C", "cancel the turn; twice: leave"),
     ("Ctrl-D", "leave (on an empty line)"), ("Shift-Tab", "next mode"), ("Ctrl-T", "show/hide thoughts"),
+    ("Ctrl-O", "expand/collapse the newest child section"),
     ("PageUp / PageDown", "scroll"), ("@note", "attach a note from the kiln"),
 ]
 
@@ -149,12 +150,16 @@ class ChatUI:
         self.show_thoughts = True
         self.quitting = False
         self.agent_alive = False
-        self.in_history = False
         self.notes: list[str] = []
         self.plan: tuple[Any, ...] = ()
-        self._current: TextEntry | None = None
-        self._tools: dict[str, BlockEntry] = {}
         self._thoughts: list[TextEntry] = []
+        self.feed = Feed(self.transcript.add, terminal_text=self._terminal_text, on_thought=self._new_thought)
+        # Delegated children: a section per (chain label, job id), placed under the
+        # delegate_session call that started it (calls by id, in order; those already used).
+        self._sections: dict[tuple[str, str], ChildSection] = {}
+        self._section_order: list[ChildSection] = []
+        self._delegate_calls: dict[str, Any] = {}
+        self._anchored: set[str] = set()
         # usage
         self.context: tuple[int, int] | None = None
         self.cost: tuple[float, str] | None = None
@@ -300,60 +305,46 @@ class ChatUI:
         if self.app.loop is not None:
             self.app.loop.call_later(seconds + 0.05, self.app.invalidate)
 
+    @property
+    def in_history(self) -> bool:
+        return self.feed.history
+
+    @in_history.setter
+    def in_history(self, value: bool) -> None:
+        self.feed.history = value
+
     def _end_text(self) -> None:
-        if self._current is not None:
-            self._current.finish()
-            self._current = None
+        self.feed.end_text()
 
     def notice(self, text: str, style: str = "class:notice") -> None:
-        self._end_text()
-        self.transcript.add(BlockEntry([[(style, line)] for line in sanitize(text).split("\n")],
-                                       history=self.in_history))
+        self.feed.notice(text, style)
         self.refresh()
 
     def error(self, text: str) -> None:
         self.notice(text, "class:error")
 
     def _text(self, kind: str, text: str, *, markdown: bool = True) -> None:
-        cur = self._current
-        if cur is None or cur.kind != kind or cur.history != self.in_history:
-            self._end_text()
-            cur = TextEntry(kind, markdown=markdown, history=self.in_history)
-            if kind == "thought":
-                cur.collapsed = not self.show_thoughts
-                self._thoughts.append(cur)
-            self.transcript.add(cur)
-            self._current = cur
-        cur.append(text)
+        self.feed.text(kind, text, markdown=markdown)
+
+    def _new_thought(self, entry: TextEntry) -> None:
+        entry.collapsed = not self.show_thoughts
+        self._thoughts.append(entry)
 
     # -- events ----------------------------------------------------------------------------
     def show(self, event: Any) -> None:
-        if isinstance(event, MessageChunk):
-            self._text("agent", event.text)
-        elif isinstance(event, ThoughtChunk):
-            self._text("thought", event.text, markdown=False)
-        elif isinstance(event, UserChunk):
-            self._text("user", event.text, markdown=False)
-        elif isinstance(event, ToolCallEvent):
-            self._end_text()
+        if isinstance(event, ToolCallEvent):
             call = event.call
-            entry = self._tools.get(call.tool_call_id)
-            if entry is None:
-                entry = BlockEntry(history=self.in_history)
-                self._tools[call.tool_call_id] = entry
-                self.transcript.add(entry)
-            entry.set_lines(tool_call_lines(call, self._terminal_text))
+            raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind}
+            if tool_key_from_acp(raw).name == "delegate_session":
+                self._delegate_calls[call.tool_call_id] = call
+        if self.feed.show(event):
+            pass
         elif isinstance(event, PlanChanged):
             self.plan = event.entries
         elif isinstance(event, UsageChanged):
             self.context = (event.used, event.size)
             if event.cost is not None:
                 self.cost = (event.cost.amount, event.cost.currency)
-        elif isinstance(event, PermissionResolved):
-            decision = event.decision.kind if event.decision else event.outcome.get("outcome", "")
-            title = event.request.tool_call.title or event.request.tool_call.tool_call_id
-            reason = event.decision.reason if event.decision else event.note
-            self.notice(f"permission: {title} → {decision}" + (f" ({reason})" if reason else ""))
         elif isinstance(event, HistoryReplay):
             if event.started:
                 self.notice("── history (replayed by the agent) ──", "class:history")
@@ -399,6 +390,62 @@ class ChatUI:
             self.notice("The agent stopped. Type /restart to start it again, or Ctrl-D to leave.", "class:error")
             self.session_done.set()
 
+    # -- delegated children ----------------------------------------------------------------
+    def on_child_event(self, ev: ChildEvent) -> None:
+        """The session's `on_child_event` hook (crucible/delegation.py): a child's (or
+        grandchild's) event, drawn in that child's section."""
+        key = (ev.label, ev.job_id)
+        section = self._sections.get(key)
+        restarted = isinstance(ev.event, ChildStatus) and ev.event.status == "queued"
+        if section is None or (section.finished and restarted):  # job ids restart with a new session
+            section = ChildSection(ev.label, ev.job_id, on_thought=self._new_thought)
+            self._sections[key] = section
+            self._place(section, ev.depth)
+            self._section_order.append(section)
+        section.show(ev.event)
+        self.refresh()
+
+    def _place(self, section: ChildSection, depth: int) -> None:
+        """A grandchild inside its parent's section; a child under the delegate_session call
+        that started it (the oldest running one not taken yet), else at the end."""
+        if depth > 1:
+            parent_label = section.label.rsplit(" › ", 1)[0]
+            for parent in reversed(self._section_order):
+                if parent.label == parent_label and not parent.finished:
+                    parent.add_child(section)
+                    return
+        anchor = None
+        for call_id, call in self._delegate_calls.items():
+            if call_id not in self._anchored and call.status not in ("completed", "failed"):
+                self._anchored.add(call_id)
+                anchor = self.feed.tools.get(call_id)
+                break
+        if anchor is None:
+            self._end_text()
+        self.transcript.insert_after(anchor, section)
+
+    def toggle_newest_child(self) -> None:
+        if not self._section_order:
+            self.say_flash("no child sessions yet")
+            return
+        section = self._section_order[-1]
+        section.set_collapsed(not section.collapsed)
+        self.refresh_now()
+
+    def children_command(self, args: str) -> None:
+        sections = self._section_order
+        if args not in ("", "open", "close"):
+            self.error(f"/children {args}: use /children, /children open or /children close")
+            return
+        if not sections:
+            self.notice("no child sessions yet (they appear when the agent calls delegate_session)")
+            return
+        collapse = args == "close" or (args == "" and not any(s.collapsed for s in sections))
+        for section in sections:
+            section.set_collapsed(collapse)
+        self.say_flash(f"{len(sections)} child section{'s' if len(sections) != 1 else ''} "
+                       + ("collapsed" if collapse else "expanded"))
+
     # -- keys ------------------------------------------------------------------------------
     def _keys(self) -> KeyBindings:
         kb = KeyBindings()
@@ -441,6 +488,10 @@ class ChatUI:
             for entry in self._thoughts:
                 entry.collapsed = not self.show_thoughts
             self.refresh_now()
+
+        @kb.add("c-o")
+        def _children(event: KeyPressEvent) -> None:
+            self.toggle_newest_child()
 
         @kb.add("pageup")
         def _up(event: KeyPressEvent) -> None:
@@ -617,6 +668,8 @@ class ChatUI:
                 self.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
         elif name == "sessions":
             await self.list_sessions()
+        elif name == "children":
+            self.children_command(args)
         elif name == "mode":
             await self.mode_command(args)
         elif name == "model":
@@ -778,6 +831,7 @@ class ChatUI:
                     self.session = session
                     self.agent_alive = True
                     session.on_notice = self.notice
+                    session.on_child_event = self.on_child_event
                     for warning in session.warnings:
                         self.notice(f"warning: {warning}")
                     self.state = "ready"

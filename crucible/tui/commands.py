@@ -16,6 +16,7 @@ OWN_COMMANDS: dict[str, str] = {
     "sessions": "list saved sessions",
     "card": "show the agent card of this session",
     "usage": "tokens and cost, this turn and this session",
+    "children": "expand/collapse the delegated child sessions (/children open|close)",
     "mode": "list the agent's modes, or /mode ID to switch (Shift-Tab cycles)",
     "model": "list the models, or /model VALUE to switch",
     "restart": "start the agent again (after it stopped)",

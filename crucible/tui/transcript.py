@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -20,7 +21,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
 
 from crucible.terminal import sanitize
-from crucible.tui.markdown import Fragments, MarkdownState, peek_line, render_line, wrap
+from crucible.tui.markdown import Fragment, Fragments, MarkdownState, peek_line, render_line, wrap
 
 MAX_ENTRIES = 2000
 MAX_LINES_PER_ENTRY = 20000
@@ -232,6 +233,22 @@ class TranscriptControl(UIControl):
         self.entries.append(entry)
         return entry
 
+    def insert_after(self, anchor: Entry | None, entry: Entry) -> Entry:
+        """`entry` right after `anchor` (at the end when the anchor is gone or None)."""
+        index = None
+        if anchor is not None:
+            for i in range(len(self.entries) - 1, -1, -1):  # the anchor is recent: look from the end
+                if self.entries[i] is anchor:
+                    index = i + 1
+                    break
+        if index is None or index >= len(self.entries):
+            return self.add(entry)
+        if len(self.entries) == self.entries.maxlen:
+            self.entries.popleft()
+            index -= 1
+        self.entries.insert(index, entry)
+        return entry
+
     def is_focusable(self) -> bool:
         return False
 
@@ -261,3 +278,187 @@ class TranscriptControl(UIControl):
 
     def page(self, direction: int) -> None:
         self.scroll = max(0, self.scroll + direction * max(1, self._height - 2))
+
+
+# -- events as entries ----------------------------------------------------------------------
+
+
+class Feed:
+    """Session events as transcript entries: streamed text, tool calls, permission notices.
+    The chat has one for its session and each child section one for its child, so a child's
+    events are drawn exactly as the session's own, only nested."""
+
+    def __init__(self, add: Callable[[Entry], object], *,
+                 terminal_text: Callable[[str], str | None] | None = None,
+                 on_thought: Callable[[TextEntry], None] | None = None) -> None:
+        self.add = add
+        self.terminal_text = terminal_text
+        self.on_thought = on_thought
+        self.history = False  # entries made now are replayed history
+        self.current: TextEntry | None = None
+        self.tools: dict[str, BlockEntry] = {}
+        self.messages = 0  # agent message entries made
+
+    def end_text(self) -> None:
+        if self.current is not None:
+            self.current.finish()
+            self.current = None
+
+    def text(self, kind: str, text: str, *, markdown: bool = True) -> None:
+        cur = self.current
+        if cur is None or cur.kind != kind or cur.history != self.history:
+            self.end_text()
+            cur = TextEntry(kind, markdown=markdown, history=self.history)
+            if kind == "thought" and self.on_thought is not None:
+                self.on_thought(cur)
+            if kind == "agent":
+                self.messages += 1
+            self.add(cur)
+            self.current = cur
+        cur.append(text)
+
+    def notice(self, text: str, style: str = "class:notice") -> None:
+        self.end_text()
+        self.add(BlockEntry([[(style, line)] for line in sanitize(text).split("\n")], history=self.history))
+
+    def tool_call(self, call: Any) -> BlockEntry:
+        self.end_text()
+        entry = self.tools.get(call.tool_call_id)
+        if entry is None:
+            entry = BlockEntry(history=self.history)
+            self.tools[call.tool_call_id] = entry
+            self.add(entry)
+        entry.set_lines(tool_call_lines(call, self.terminal_text))
+        return entry
+
+    def show(self, event: Any) -> bool:
+        """Draw the events every session shows alike; False for the others."""
+        from acp_host.session import (
+            MessageChunk,
+            PermissionResolved,
+            ThoughtChunk,
+            ToolCallEvent,
+            UserChunk,
+        )
+
+        if isinstance(event, MessageChunk):
+            self.text("agent", event.text)
+        elif isinstance(event, ThoughtChunk):
+            self.text("thought", event.text, markdown=False)
+        elif isinstance(event, UserChunk):
+            self.text("user", event.text, markdown=False)
+        elif isinstance(event, ToolCallEvent):
+            self.tool_call(event.call)
+        elif isinstance(event, PermissionResolved):
+            decision = event.decision.kind if event.decision else event.outcome.get("outcome", "")
+            title = event.request.tool_call.title or event.request.tool_call.tool_call_id
+            reason = event.decision.reason if event.decision else event.note
+            self.notice(f"permission: {title} → {decision}" + (f" ({reason})" if reason else ""))
+        else:
+            return False
+        return True
+
+
+# -- delegated children ---------------------------------------------------------------------
+
+CHILD_INDENT = "  │ "
+_CHILD_STATUS_STYLE = {"done": "class:tool.ok", "failed": "class:tool.failed", "timed out": "class:tool.failed",
+                       "cancelled": "class:tool.failed", "running": "class:tool.running",
+                       "queued": "class:tool.pending"}
+
+
+def child_status_word(status: str, detail: str = "") -> str:
+    """A `ChildStatus` (crucible/delegation.py) as the word on its section's header."""
+    if status == "queued":
+        return "queued"
+    if status == "finished":
+        outcome = detail.split(":", 1)[0].strip()
+        return {"completed": "done", "timed_out": "timed out"}.get(outcome, outcome or "done")
+    return "running"  # started, notices
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+class ChildSection(Entry):
+    """A delegated child session: a header (chain label and status) over its own events,
+    drawn indented; collapsed, the header and a one-line summary. Expanded while it runs,
+    collapsed when it ends well (a failed or cancelled child stays open so its error shows),
+    unless the person chose otherwise for this section."""
+
+    def __init__(self, label: str, job_id: str, *, on_thought: Callable[[TextEntry], None] | None = None) -> None:
+        self.label = sanitize(label)
+        self.job_id = job_id
+        self.status = "queued"
+        self.entries: deque[Entry] = deque(maxlen=MAX_ENTRIES)
+        self.feed = Feed(self.entries.append, on_thought=on_thought)
+        self.collapsed = False
+        self.user_toggled = False
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.seconds is not None
+
+    @property
+    def tool_calls(self) -> int:
+        return len(self.feed.tools)
+
+    def add_child(self, section: ChildSection) -> None:
+        """A grandchild's section, nested in this one."""
+        self.feed.end_text()
+        self.entries.append(section)
+
+    def set_collapsed(self, collapsed: bool, *, by_user: bool = True) -> None:
+        self.collapsed = collapsed
+        self.user_toggled = self.user_toggled or by_user
+
+    def show(self, event: Any) -> None:
+        """One of the child's events: an `acp_host.session` event or a `ChildStatus`."""
+        from acp_host.session import SessionError, TurnEnded
+        from crucible.delegation import ChildStatus
+
+        if isinstance(event, ChildStatus):
+            self.status = child_status_word(event.status, event.detail)
+            if event.status == "notice":
+                self.feed.notice(event.detail)
+            elif event.status == "finished":
+                self.feed.end_text()
+                self.seconds = round(time.monotonic() - self.started, 1)
+                _, _, error = event.detail.partition(":")
+                if error.strip() and self.status != "done":
+                    self.feed.notice(error.strip(), "class:error")
+                if not self.user_toggled:
+                    self.collapsed = self.status == "done"
+        elif isinstance(event, TurnEnded):
+            self.feed.end_text()
+        elif isinstance(event, SessionError):
+            self.feed.notice(event.message, "class:error")
+        else:
+            self.feed.show(event)  # plans, usage, modes of a child are not drawn
+
+    def header(self) -> Fragments:
+        return [("class:child.head", ("▸ " if self.collapsed else "▾ ") + self.label),
+                ("class:dim", " — "), (_CHILD_STATUS_STYLE.get(self.status, "class:dim"), self.status)]
+
+    def summary(self) -> str:
+        ended = f"{self.status} in {self.seconds:g} s" if self.seconds is not None else self.status
+        return f"{_plural(self.feed.messages, 'message')}, {_plural(self.tool_calls, 'tool call')} · {ended}"
+
+    def rows_reversed(self, width: int) -> Iterator[Fragments]:
+        width = max(1, width)
+        if self.collapsed:
+            yield from reversed(wrap([("class:child.bar", "  └ "), ("class:dim", self.summary())], width))
+        else:
+            inner = max(1, width - len(CHILD_INDENT))
+            bar: Fragment = ("class:child.bar", CHILD_INDENT)
+            first = True
+            for entry in reversed(self.entries):
+                if not first:
+                    yield [("class:child.bar", CHILD_INDENT.rstrip())]
+                first = False
+                for row in entry.rows_reversed(inner):
+                    yield [bar, *row]
+        yield from reversed(wrap(self.header(), width))
