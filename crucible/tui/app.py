@@ -12,6 +12,7 @@ trio code changes the model and asks for a paced redraw.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,8 @@ STYLE = Style.from_dict({
     "child.bar": "#5f87af",
 })
 
+MAX_SECTIONS = 500  # child sections the chat keeps track of (they stay in the transcript)
+
 HELP_KEYS = [
     ("Enter", "send"), ("Esc Enter / Shift-Enter / Ctrl-J", "new line"), ("Ctrl-C", "cancel the turn; twice: leave"),
     ("Ctrl-D", "leave (on an empty line)"), ("Shift-Tab", "next mode"), ("Ctrl-T", "show/hide thoughts"),
@@ -155,9 +158,9 @@ class ChatUI:
         self._thoughts: list[TextEntry] = []
         self.feed = Feed(self.transcript.add, terminal_text=self._terminal_text, on_thought=self._new_thought)
         # Delegated children: a section per (chain label, job id), placed under the
-        # delegate_session call that started it (calls by id, in order; those already used).
+        # delegate_session call that started it: running calls without a section yet, in order.
         self._sections: dict[tuple[str, str], ChildSection] = {}
-        self._section_order: list[ChildSection] = []
+        self._section_order: deque[tuple[ChildSection, int]] = deque(maxlen=MAX_SECTIONS)  # (section, depth)
         self._delegate_calls: dict[str, Any] = {}
         self._anchored: set[str] = set()
         # usage
@@ -336,7 +339,11 @@ class ChatUI:
             call = event.call
             raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind}
             if tool_key_from_acp(raw).name == "delegate_session":
-                self._delegate_calls[call.tool_call_id] = call
+                if call.status in ("completed", "failed"):  # too late to start a child now
+                    self._delegate_calls.pop(call.tool_call_id, None)
+                    self._anchored.discard(call.tool_call_id)
+                elif call.tool_call_id not in self._anchored:
+                    self._delegate_calls[call.tool_call_id] = call
         if self.feed.show(event):
             pass
         elif isinstance(event, PlanChanged):
@@ -399,9 +406,11 @@ class ChatUI:
         restarted = isinstance(ev.event, ChildStatus) and ev.event.status == "queued"
         if section is None or (section.finished and restarted):  # job ids restart with a new session
             section = ChildSection(ev.label, ev.job_id, on_thought=self._new_thought)
+            if len(self._sections) >= MAX_SECTIONS:
+                self._sections = {k: s for k, s in self._sections.items() if not s.finished}
             self._sections[key] = section
             self._place(section, ev.depth)
-            self._section_order.append(section)
+            self._section_order.append((section, ev.depth))
         section.show(ev.event)
         self.refresh()
 
@@ -410,30 +419,31 @@ class ChatUI:
         that started it (the oldest running one not taken yet), else at the end."""
         if depth > 1:
             parent_label = section.label.rsplit(" › ", 1)[0]
-            for parent in reversed(self._section_order):
+            for parent, _ in reversed(self._section_order):
                 if parent.label == parent_label and not parent.finished:
                     parent.add_child(section)
                     return
         anchor = None
-        for call_id, call in self._delegate_calls.items():
-            if call_id not in self._anchored and call.status not in ("completed", "failed"):
-                self._anchored.add(call_id)
-                anchor = self.feed.tools.get(call_id)
-                break
+        call_id = next(iter(self._delegate_calls), None)
+        if call_id is not None:
+            del self._delegate_calls[call_id]
+            self._anchored.add(call_id)
+            anchor = self.feed.tools.get(call_id)
         if anchor is None:
             self._end_text()
         self.transcript.insert_after(anchor, section)
 
     def toggle_newest_child(self) -> None:
-        if not self._section_order:
+        """Ctrl-O: the newest child of this session (a grandchild is inside its section)."""
+        section = next((s for s, depth in reversed(self._section_order) if depth == 1), None)
+        if section is None:
             self.say_flash("no child sessions yet")
             return
-        section = self._section_order[-1]
         section.set_collapsed(not section.collapsed)
         self.refresh_now()
 
     def children_command(self, args: str) -> None:
-        sections = self._section_order
+        sections = [s for s, _ in self._section_order]
         if args not in ("", "open", "close"):
             self.error(f"/children {args}: use /children, /children open or /children close")
             return

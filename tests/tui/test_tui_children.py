@@ -5,8 +5,10 @@ the parent calls `delegate_session` on its bridge, as a real agent does."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +40,14 @@ class Family:
     def __init__(self, tui: TuiRunner) -> None:
         self.tui = tui
         self.scripts: dict[str, dict[str, Any]] = {}
+        self.delegation: dict[str, Any] = {}
         self.cards_dir = tui.kiln / ".crucible" / "agents"
         self.cards_dir.mkdir(parents=True, exist_ok=True)
 
-    def card(self, name: str, agent: str) -> None:
+    def card(self, name: str, agent: str, **front: Any) -> None:
+        extra = "".join(f"{key}: {json.dumps(value)}\n" for key, value in front.items())  # JSON is YAML
         (self.cards_dir / f"{name}.md").write_text(
-            f"---\ndescription: {name} for tests\nagent: {agent}\n---\nYou are {name}.\n", encoding="utf-8")
+            f"---\ndescription: {name} for tests\nagent: {agent}\n{extra}---\nYou are {name}.\n", encoding="utf-8")
 
     def log(self, name: str) -> Path:
         return self.tui.tmp / f"{name}-log.jsonl"
@@ -56,6 +60,8 @@ class Family:
             lines += [f"[agents.{name}]", f"command = {json.dumps(sys.executable)}",
                       f"args = [{json.dumps(str(SCRIPTED))}, {json.dumps(str(path))}]", ""]
         lines += ["[permissions]", 'delegate_session = "allow"', 'get_job_result = "allow"']
+        if self.delegation:
+            lines += ["", "[delegation]"] + [f"{k} = {json.dumps(v)}" for k, v in self.delegation.items()]
         config = self.tui.tmp / "xdg-config" / "crucible" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -92,6 +98,25 @@ def in_section(lines: list[str], text: str) -> int:
     row = nested_row(lines, text)
     assert row is not None, f"{text!r} is not in a child section:\n" + "\n".join(lines)
     return row
+
+
+def wait_gone(marker: Path, timeout: float = 15) -> bool:
+    """No process runs with `marker` in its command line (polls /proc: another process's state)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+            except (OSError, IndexError):
+                continue
+            if str(marker) in cmdline and state != "Z":
+                alive.append(pid)
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def leave(screen: Screen) -> None:
@@ -206,6 +231,50 @@ def test_a_failed_child_stays_open_with_its_error_and_its_text_is_sanitized(tui:
     assert nested(lines, "partial ^[[2J^[]0;pwned^G answer<U+202E>")
     assert nested(lines, "fatal: the model exploded")
     assert "go" in lines[row_of(lines, "› go")]
+    leave(screen)
+
+
+def test_a_grandchild_is_nested_in_its_parents_section(tui: TuiRunner) -> None:
+    fam = Family(tui)
+    fam.delegation = {"max_depth": 2}
+    fam.card("helper", agent="child", delegation={"enabled": True})
+    fam.card("leaf", agent="other")
+    fam.scripts["parent"] = script(bridge_call("delegate_session", "delegate", target="helper", prompt="ask the leaf"),
+                                   {"text": "parent done"})
+    fam.scripts["child"] = script({"text": "asking the leaf\n"},
+                                  bridge_call("delegate_session", "to-leaf", target="leaf", prompt="say hi"),
+                                  {"text": "child done"})
+    fam.scripts["other"] = script({"text": "leaf says hi"})
+    screen = fam.open(cols=100, rows=60)
+    screen.wait_for("ready")
+    screen.type_line("go")
+    screen.wait_all("▸ parent › helper — done", "parent done")
+    screen.type_line("/children open")
+    shown = screen.wait_all("▾ parent › helper — done", "▾ parent › helper › leaf — done", "  │   │ leaf says hi")
+    lines = shown.splitlines()
+    head, inner = row_of(lines, "▾ parent › helper — done"), row_of(lines, "▾ parent › helper › leaf — done")
+    assert lines[inner].startswith("  │ ▾ parent › helper › leaf")
+    assert head < in_section(lines, "asking the leaf") < inner < row_of(lines, "  │   │ leaf says hi")
+    assert row_of(lines, "  │   │ leaf says hi") < in_section(lines, "child done") < row_of(lines, "parent done")
+    leave(screen)
+
+
+def test_cancelling_the_turn_cancels_the_child_and_its_section_says_so(tui: TuiRunner) -> None:
+    fam = Family(tui)
+    fam.card("helper", agent="child")
+    fam.scripts["parent"] = script(bridge_call("delegate_session", "delegate", target="helper", prompt="work"),
+                                   {"text": "parent after"})
+    fam.scripts["child"] = script({"text": "child working\n"}, {"stall": None})
+    screen = fam.open()
+    screen.wait_for("ready")
+    screen.type_line("go")
+    shown = screen.wait_all("▾ parent › helper — running", "child working")
+    assert nested(shown.splitlines(), "child working")
+    screen.send("\x03")
+    shown = screen.wait_all("▾ parent › helper — cancelled", "the turn was cancelled")
+    lines = shown.splitlines()
+    assert nested(lines, "child working") and nested(lines, "was cancelled")
+    assert wait_gone(fam.tui.tmp / "child.json")
     leave(screen)
 
 
