@@ -604,6 +604,12 @@ async def _cancel_job_tool(ctx: ToolContext, args: JobArgs) -> JobInfo:
 # -- showing child events in `cru chat -p` ---------------------------------------------------
 
 
+def live_session(session_id: str | None) -> CrucibleSession | None:
+    """A running session by its Crucible id (the TUI reads a child's terminal output from it)."""
+    delegation = _LIVE.get(session_id) if session_id else None
+    return delegation.session if delegation is not None else None
+
+
 def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
     """`[child claude › reviewer] ...` lines on `err` (text), or one JSON object per child event
     on `out` (`--format json`: {"type": "child_event", "label", "job", "session", "depth", "event"})."""

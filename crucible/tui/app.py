@@ -49,7 +49,7 @@ from acp_host.session import (
     TurnEnded,
     UsageChanged,
 )
-from crucible.delegation import ChildEvent, ChildStatus
+from crucible.delegation import ChildEvent, ChildStatus, live_session
 from crucible.errors import CrucibleError
 from crucible.permissions import tool_key_from_acp
 from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_session
@@ -369,8 +369,9 @@ class ChatUI:
             pass  # the status bar and the completer read the session state
         self.refresh()
 
-    def _terminal_text(self, terminal_id: str) -> str | None:
-        services = self.session.acp.services if self.session is not None and self.session.acp else None
+    def _terminal_text(self, terminal_id: str, session: CrucibleSession | None = None) -> str | None:
+        session = session or self.session
+        services = session.acp.services if session is not None and session.acp else None
         term = getattr(services, "_terminals", {}).get(terminal_id) if services is not None else None
         return term.text() if term is not None else None
 
@@ -406,13 +407,23 @@ class ChatUI:
         restarted = isinstance(ev.event, ChildStatus) and ev.event.status == "queued"
         if section is None or (section.finished and restarted):  # job ids restart with a new session
             section = ChildSection(ev.label, ev.job_id, on_thought=self._new_thought)
+            section.feed.terminal_text = self._child_terminal_text(section)
             if len(self._sections) >= MAX_SECTIONS:
                 self._sections = {k: s for k, s in self._sections.items() if not s.finished}
             self._sections[key] = section
             self._place(section, ev.depth)
             self._section_order.append((section, ev.depth))
+        section.session_id = ev.session_id or section.session_id
         section.show(ev.event)
         self.refresh()
+
+    def _child_terminal_text(self, section: ChildSection) -> Callable[[str], str | None]:
+        """A child's terminal output, read from the child session while it runs."""
+        def text(terminal_id: str) -> str | None:
+            child = live_session(section.session_id)
+            return self._terminal_text(terminal_id, child) if child is not None else None
+
+        return text
 
     def _place(self, section: ChildSection, depth: int) -> None:
         """A grandchild inside its parent's section; a child under the delegate_session call

@@ -390,6 +390,7 @@ class ChildSection(Entry):
     def __init__(self, label: str, job_id: str, *, on_thought: Callable[[TextEntry], None] | None = None) -> None:
         self.label = sanitize(label)
         self.job_id = job_id
+        self.session_id: str | None = None  # the child's Crucible session, once started
         self.status = "queued"
         self.entries: deque[Entry] = deque(maxlen=MAX_ENTRIES)
         self.feed = Feed(self.entries.append, on_thought=on_thought)

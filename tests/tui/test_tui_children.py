@@ -137,6 +137,9 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     fam.scripts["child"] = script(
         {"text": "child: reading the note\n"},
         {"tool_call": {"toolCallId": "c1", "title": "Read starter.md", "kind": "read", "status": "completed"}},
+        {"terminal": {"command": "echo", "args": ["hello-from-the-child"], "then": ["wait_for_exit"]}},
+        {"tool_call": {"toolCallId": "c3", "title": "Run echo", "kind": "execute", "status": "completed",
+                       "content": [{"type": "terminal", "terminalId": "term-1"}]}},
         {"permission": {"toolCall": EDIT, "options": OPTIONS}, "as": "edit"},
         {"text": "twice a day"})
     screen = fam.open()
@@ -145,12 +148,12 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     # While the child waits for the person: its section is open under the parent's call, its
     # text and tool call indented in it, and the dialog (labelled with the chain) is visible too.
     shown = screen.wait_all("▾ parent › helper — running", "Permission: parent › helper wants to run",
-                            "Read starter.md")
+                            "Read starter.md", "hello-from-the-child")
     lines = shown.splitlines()
     assert "Edit notes.txt" in lines[row_of(lines, "Permission:")]
     assert row_of(lines, "crucible: delegate_session") < row_of(lines, "▾ parent › helper")
     text, tool = in_section(lines, "child: reading the note"), in_section(lines, "✓ Read starter.md")
-    assert row_of(lines, "▾ parent › helper") < text < tool
+    assert row_of(lines, "▾ parent › helper") < text < tool < in_section(lines, "hello-from-the-child")
     assert not nested(lines, "delegate_session")
     screen.send("y")
     # Done: collapsed to its header and a summary; the parent goes on.
@@ -161,12 +164,13 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     # (The parent's tool call shows the reply in its result, not nested.)
     assert not nested(lines, "child: reading the note") and not nested(lines, "twice a day")
     summary = lines[row_of(lines, "▸ parent › helper") + 1]
-    assert re.search(r"└ 2 messages, 2 tool calls · done in [\d.]+ s", summary), summary
+    assert re.search(r"└ 2 messages, 3 tool calls · done in [\d.]+ s", summary), summary
     # Ctrl-O expands it again, the whole child in order; again collapses it.
     screen.send(CTRL_O)
     shown = screen.wait_all("▾ parent › helper — done", "twice a day")
     lines = shown.splitlines()
-    order = [in_section(lines, t) for t in ("child: reading the note", "Read starter.md", "Edit notes.txt",
+    order = [in_section(lines, t) for t in ("child: reading the note", "Read starter.md", "hello-from-the-child",
+                                            "Edit notes.txt",
                                             "permission: Edit notes.txt → allow_once", "twice a day")]
     assert order == sorted(order), shown
     assert row_of(lines, "▾ parent › helper") < min(order) and max(order) < row_of(lines, "parent done")
