@@ -16,7 +16,13 @@ from conftest import SCRIPTED, Screen, TuiRunner, group_gone
 
 from acp_host.session import MessageChunk, ToolCall, ToolCallEvent, TurnEnded
 from crucible.delegation import ChildStatus
-from crucible.tui.transcript import BlockEntry, ChildSection, TranscriptControl, child_status_word
+from crucible.tui.transcript import (
+    BlockEntry,
+    ChildSection,
+    Feed,
+    TranscriptControl,
+    child_status_word,
+)
 
 CTRL_D, CTRL_O = "\x04", "\x0f"
 HTTP_CAPS = {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}
@@ -365,3 +371,27 @@ def test_grandchild_nests_inside_its_parents_section_and_labels_are_sanitized() 
     lines = [line for line in drawn(control, width=60) if line]
     assert lines == ["▾ claude › helper^[[31m — queued", "  │ from the child", "  │",
                      "  │ ▾ claude › helper › leaf — queued", "  │   │ from the leaf"]
+
+
+def test_a_childs_events_are_drawn_exactly_as_the_sessions_own_only_indented() -> None:
+    events: list[Any] = [
+        chunk("# Plan\n- read **notes**\n"),
+        ToolCallEvent(ToolCall("t1", title="Edit a.md", kind="edit", status="completed",
+                               content=({"type": "diff", "path": "a.md", "oldText": "old", "newText": "new"},)), True),
+        chunk("done \x1b[31mred"),
+    ]
+    top = TranscriptControl()
+    feed = Feed(top.add)
+    for event in events:
+        feed.show(event)
+    nested_control = TranscriptControl()
+    section = ChildSection("a › b", "job-1")
+    nested_control.add(section)
+    for event in events:
+        section.show(event)
+    own = drawn(top, width=40, height=30)
+    child = drawn(nested_control, width=44, height=30)
+    own_rows = own[next(i for i, line in enumerate(own) if line):]
+    child_rows = child[next(i for i, line in enumerate(child) if line) + 1:]  # below the header
+    assert child_rows == [("  │ " + row).rstrip() for row in own_rows]
+    assert "  │ done ^[[31mred" in child_rows
