@@ -1,8 +1,10 @@
 """`cru chat`: the full-screen terminal chat.
 
 Layout, top to bottom: the transcript (streamed markdown, dimmed thoughts, tool calls with
-their diffs and output), the agent's plan, the permission dialog when something waits for
-the person, the input box, and a status bar (state, agent, card, mode, model, tokens, cost).
+their diffs and output, and a nested, collapsible section per delegated child session under
+the delegate_session call that started it), the agent's plan, the permission dialog when
+something waits for the person (a child's questions too, labelled with the chain), the input
+box, and a status bar (state, agent, card, mode, model, tokens, cost).
 
 Threads of control: prompt-toolkit owns the asyncio loop and the keys; the session runs
 on trio as its guest (see bridge.py). Key handlers hand work to trio with `self.to_trio`;
@@ -435,7 +437,7 @@ class ChatUI:
                     parent.add_child(section)
                     return
         anchor = None
-        call_id = next(iter(self._delegate_calls), None)
+        call_id = next(iter(self._delegate_calls), None) if depth == 1 else None
         if call_id is not None:
             del self._delegate_calls[call_id]
             self._anchored.add(call_id)
