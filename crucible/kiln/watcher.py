@@ -9,13 +9,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 from watchfiles import Change, awatch
 
 from crucible.errors import CrucibleError
-from crucible.kiln.index import KilnIndex
 from crucible.kiln.paths import to_rel
+
+if TYPE_CHECKING:
+    # The index pulls in Chroma and numpy (~0.7 s): a session that only watches never pays it.
+    from crucible.kiln.index import KilnIndex
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +90,7 @@ async def watch_kiln(
         paths = sorted(set(_note_paths(root, changes)) | retry)
         if not paths:
             continue
-        current = index if index is None or isinstance(index, KilnIndex) else index()
+        current = index() if callable(index) else index
         try:
             if current is not None:
                 paths = await trio.to_thread.run_sync(current.expand_paths, paths)
