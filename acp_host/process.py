@@ -3,8 +3,8 @@
 `AgentProcess` owns one agent subprocess and everything it started in its process group.
 Its lifetime is tied to the nursery given to `start()`: when that nursery is cancelled the
 process is torn down too, so no exit path (cancel, exception, agent crash) leaves a
-process, a zombie or a pipe behind. Teardown (`aclose`): close stdin, wait `grace`,
-SIGTERM the group, wait ~1 s, SIGKILL the group, reap.
+process, a zombie or a pipe behind. Teardown (`aclose`): close stdin, wait `grace`
+(`exit_grace` unless given), SIGTERM the group, wait ~1 s, SIGKILL the group, reap.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ __all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths"]
 
 logger = logging.getLogger(__name__)
 
+# Time the agent gets to exit by itself once its stdin is closed (`AgentProcess.exit_grace`).
+DEFAULT_EXIT_GRACE = 2.0
 # Time the group gets between SIGTERM and SIGKILL.
 _TERM_GRACE = 1.0
 # Time the stderr drain gets to reach EOF once the group is dead (a process that left the
@@ -158,6 +160,9 @@ class AgentProcess:
         self._stderr_done = trio.Event()
         self._closing = False
         self._closed = trio.Event()
+        # Some agents never exit on stdin EOF (claude-agent-acp): a host that has nothing
+        # more to ask of the agent (one headless turn) may lower this.
+        self.exit_grace = DEFAULT_EXIT_GRACE
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else f"exited {self.returncode}"
@@ -280,15 +285,16 @@ class AgentProcess:
 
     # -- teardown -----------------------------------------------------------------------
 
-    async def aclose(self, grace: float = 2.0) -> None:
+    async def aclose(self, grace: float | None = None) -> None:
         """Stop the agent and its group, reap it, close its pipes. Idempotent, shielded:
-        returns only when it is all done (a second caller waits for the first)."""
+        returns only when it is all done (a second caller waits for the first). `grace`:
+        how long the agent may take to exit after stdin closes (default `exit_grace`)."""
         with trio.CancelScope(shield=True):
             if self._closing:
                 await self._closed.wait()
                 return
             self._closing = True
-            await self._teardown(grace)
+            await self._teardown(self.exit_grace if grace is None else grace)
 
     async def _teardown(self, grace: float) -> None:
         try:

@@ -25,6 +25,10 @@ from crucible.errors import CrucibleError
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CANCELLED = 130
+# After a headless turn nothing more is asked of the agent, and the transcript is written:
+# claude-agent-acp never exits on stdin EOF, so waiting the usual 2 s before SIGTERM only
+# delays the person. Agents that do exit on EOF (opencode, gemini) do it well within this.
+HEADLESS_EXIT_GRACE = 0.5
 
 
 def build_options(args: argparse.Namespace) -> Any:
@@ -152,16 +156,16 @@ class HeadlessPrinter:
 
 
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
-    from acp_host.session import TurnEnded
+    # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
+    # it boots while we import.
     from crucible.sessions import preload, spawn_agent
 
     printer = HeadlessPrinter(fmt)
-    cancelled_by_user = False
-    ended: TurnEnded | None = None
     async with trio.open_nursery() as owner:
         process = await spawn_agent(owner, opts)
+        process.exit_grace = HEADLESS_EXIT_GRACE
         await trio.to_thread.run_sync(preload)
-        ended, cancelled_by_user = await _one_turn(opts, text, printer, process)
+        ended, _ = await _one_turn(opts, text, printer, process)
     return _exit_code(opts, ended, printer)
 
 
