@@ -45,6 +45,11 @@ logger = logging.getLogger("mcp_bridge.server")
 NOTE_URI_PREFIX = "kiln://notes/"
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for resources/read of an unknown URI
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# SSE `retry:` (ms) sent first on every streamable-HTTP GET stream. When a session's bridge is
+# unmounted its stream ends; the node MCP clients (gemini, claude, opencode) then reconnect after
+# the server's retry, else after 1 s, get 404 and give up. Gemini stays alive until then, so
+# this is how long it takes to exit after a session. Reconnects are bounded (2) by the clients.
+SSE_RETRY_MS = 50
 
 Decision = Literal["allow", "ask", "deny"]
 Policy = Callable[[str], Decision]
@@ -380,6 +385,20 @@ async def _plain(send: ASGISend, status: int, text: str, headers: list[tuple[byt
     await send({"type": "http.response.body", "body": body})
 
 
+def _with_sse_retry(send: ASGISend) -> ASGISend:
+    """`send`, plus an SSE `retry:` field right after the start of an event-stream response."""
+
+    async def wrapped(message: dict[str, Any]) -> None:
+        await send(message)
+        if message["type"] == "http.response.start" and message.get("status") == 200 and any(
+            k.lower() == b"content-type" and bytes(v).startswith(b"text/event-stream")
+            for k, v in message.get("headers", [])
+        ):
+            await send({"type": "http.response.body", "body": b"retry: %d\n\n" % SSE_RETRY_MS, "more_body": True})
+
+    return wrapped
+
+
 @dataclass
 class Mount:
     """One bridge on the HTTP app: streamable HTTP at `base/mcp`, SSE at `base/sse`."""
@@ -507,6 +526,8 @@ class BridgeHTTP:
                 [(b"www-authenticate", b'Bearer realm="crucible"')],
             )
         if kind == "mcp":
+            if scope.get("method") == "GET":
+                send = _with_sse_retry(send)
             await m.manager.handle_request(scope, receive, send)
         elif kind == "messages":
             await m.sse.handle_post_message(scope, receive, send)
