@@ -6,6 +6,7 @@ Handlers are imported lazily so `cru acp` / `cru mcp` answer `initialize` fast.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -150,6 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"cru: {err}", file=sys.stderr)
         return 1
+    finally:
+        if argv is None:
+            # The `cru` program is about to exit: spare the interpreter's last collections over
+            # the SDKs' ~10^5 objects (0.2-0.5 s before the shell gets its prompt back).
+            gc.freeze()
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
