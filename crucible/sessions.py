@@ -536,14 +536,25 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
         caps = client.capabilities
         session_caps = getattr(caps, "session_capabilities", None)
         if old.agent_session_id and old.agent == opts.agent.name:
-            if session_caps is not None and getattr(session_caps, "resume", None) is not None:
-                session._resumed_natively = True
-                return await client.resume_session(old.agent_session_id, opts.cwd, servers, **kw)
-            if getattr(caps, "load_session", False):
-                session._resumed_natively = True
-                # The replay arrives before open_session yields, so nobody reads the events yet:
-                # an unbounded buffer keeps a long history (> the default 1024 events) from
-                # blocking the read loop, and with it the session/load answer (a deadlock).
-                return await client.load_session(old.agent_session_id, opts.cwd, servers,
-                                                 **{**kw, "event_buffer": math.inf})
+            from acp_host.jsonrpc import JsonRpcError
+
+            try:
+                if session_caps is not None and getattr(session_caps, "resume", None) is not None:
+                    session._resumed_natively = True
+                    return await client.resume_session(old.agent_session_id, opts.cwd, servers, **kw)
+                if getattr(caps, "load_session", False):
+                    session._resumed_natively = True
+                    # The replay arrives before open_session yields, so nobody reads the events yet:
+                    # an unbounded buffer keeps a long history (> the default 1024 events) from
+                    # blocking the read loop, and with it the session/load answer (a deadlock).
+                    return await client.load_session(old.agent_session_id, opts.cwd, servers,
+                                                     **{**kw, "event_buffer": math.inf})
+            except JsonRpcError as exc:
+                # The agent lost its own copy (cleared storage, another machine): the conversation
+                # still goes on, from Crucible's transcript handed over as context.
+                session._resumed_natively = False
+                msg = (f"the agent could not reopen its session ({exc.message}); "
+                       f"started a new one with the saved conversation as context")
+                session.warnings.append(msg)
+                session.writer.append({"type": "warning", "message": msg})
     return await client.new_session(opts.cwd, servers, **kw)

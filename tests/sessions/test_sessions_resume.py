@@ -1,0 +1,48 @@
+"""`cru chat --resume ID -p`: the conversation goes on, natively or from Crucible's transcript."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from conftest import ChatRunner
+
+
+def _only_session_id(chat: ChatRunner) -> str:
+    out = subprocess.run([chat.cru, "session", "list"], env=chat.env, capture_output=True, text=True, check=True)
+    ids = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    assert len(ids) == 1, out.stdout
+    return ids[0]
+
+
+def _first_run(chat: ChatRunner) -> str:
+    res = chat.run({}, "remember the word pineapple")
+    assert res.returncode == 0, res.stderr
+    assert "echo: remember the word pineapple" in res.stdout
+    return _only_session_id(chat)
+
+
+def test_resume_uses_the_agents_own_session(chat: ChatRunner) -> None:
+    old = _first_run(chat)
+    res = chat.run({}, "which word?", "--resume", old)
+    assert res.returncode == 0, res.stderr
+    methods = [e["frame"].get("method") for e in chat.agent_log() if e.get("kind") == "in"]
+    assert methods.count("session/resume") == 1 and methods.count("session/new") == 1  # run 1: new; run 2: resume
+    # Resumed natively: the agent keeps its own history, so no transcript is pasted in.
+    assert "<previous_conversation>" not in res.stdout
+    assert "echo: which word?" in res.stdout
+    assert "could not reopen" not in res.stdout + res.stderr
+
+
+def test_resume_the_agent_lost_falls_back_to_the_saved_conversation(chat: ChatRunner) -> None:
+    old = _first_run(chat)
+    lost: dict[str, Any] = {"resume_session": {"error": {"code": -32002, "message": "Session not found"}}}
+    res = chat.run(lost, "which word?", "--resume", old)
+    assert res.returncode == 0, res.stderr
+    assert "the agent could not reopen its session (Session not found)" in res.stdout + res.stderr
+    # The new agent session was handed the conversation so far, then the new question.
+    assert "<previous_conversation>" in res.stdout
+    assert "User: remember the word pineapple" in res.stdout
+    assert "which word?" in res.stdout
+    methods = [e["frame"].get("method") for e in chat.agent_log() if e.get("kind") == "in"]
+    assert methods.count("session/resume") == 1 and methods.count("session/new") == 2
