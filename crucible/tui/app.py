@@ -179,6 +179,11 @@ class ChatUI:
         self.session_done = trio.Event()  # this agent session should end (agent died, /restart, quit)
         self.restart = trio.Event()  # between sessions: start the agent again
         self.restart_requested = False
+        # /restart goes on with the same conversation: the agent reopens its session (its replay
+        # is not drawn again) or gets the saved transcript as context.
+        self.last_session_id: str | None = None
+        self.restarted = False
+        self.skipping_replay = False
         self.submit_send, self.submit_recv = trio.open_memory_channel[tuple[str, list[dict[str, Any]]]](64)
 
         _shift_enter_is_newline()
@@ -337,6 +342,13 @@ class ChatUI:
 
     # -- events ----------------------------------------------------------------------------
     def show(self, event: Any) -> None:
+        if self.skipping_replay:  # /restart: this history is on the screen already
+            if isinstance(event, HistoryReplay) and not event.started:
+                self.skipping_replay = False
+            return
+        if isinstance(event, HistoryReplay) and event.started and self.restarted:
+            self.skipping_replay = True
+            return
         if isinstance(event, ToolCallEvent):
             call = event.call
             raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind}
@@ -843,8 +855,9 @@ class ChatUI:
             self.notice(f"could not list the kiln's notes for @mentions: {exc}")
 
     async def run_session(self, host: BridgeHost, first: bool) -> None:
+        self.restarted = not first
         if not first:
-            self.opts.resume = None  # a restart is a new agent session
+            self.opts.resume = self.last_session_id
         self.state = "starting agent"
         self.refresh_now()
         with trio.CancelScope() as scope:
@@ -852,6 +865,7 @@ class ChatUI:
             try:
                 async with open_session(self.opts, host) as session:
                     self.session = session
+                    self.last_session_id = session.id
                     self.agent_alive = True
                     session.on_notice = self.notice
                     session.on_child_event = self.on_child_event
@@ -885,7 +899,7 @@ class ChatUI:
         stream), or it does not (session/resume, or a new session with the transcript as
         context): then show our own saved transcript, as history."""
         resumed = self.opts.resume
-        if not resumed or self.opts.store is None:
+        if not resumed or self.opts.store is None or self.restarted:
             return
         caps = session.client.capabilities if session.client is not None else None
         has_resume = getattr(getattr(caps, "session_capabilities", None), "resume", None) is not None

@@ -19,7 +19,7 @@ OWN_COMMANDS: dict[str, str] = {
     "children": "expand/collapse the delegated child sessions (/children open|close)",
     "mode": "list the agent's modes, or /mode ID to switch (Shift-Tab cycles)",
     "model": "list the models, or /model VALUE to switch",
-    "restart": "start the agent again (after it stopped)",
+    "restart": "start the agent again, the conversation going on",
     "exit": "leave the chat (Ctrl-D on an empty line)",
 }
 

@@ -159,6 +159,33 @@ def test_agent_crash_shows_stderr_and_restart_brings_it_back(tui: TuiRunner) -> 
     screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
     screen.type_line("four")
     screen.wait_for(lambda s: "first answer" in s.split("› four")[-1])  # the new agent's first turn
+    # The conversation goes on: the new agent process was asked to reopen the old session.
+    frames = [e["frame"] for e in tui.agent_log() if e.get("kind") == "in"]
+    first_id = next(f for f in frames if f.get("method") == "session/prompt")["params"]["sessionId"]
+    reopened = [f for f in frames if f.get("method") == "session/resume"]
+    assert len(reopened) == 1 and reopened[0]["params"]["sessionId"] == first_id
+    leave(screen)
+
+
+def test_restart_hands_over_the_conversation_when_the_agent_lost_it(tui: TuiRunner) -> None:
+    script = {"resume_session": {"error": {"code": -32002, "message": "Session not found"}},
+              "prompts": [[{"text": "noted"}], [{"crash": {"code": 3, "stderr": "fatal: gone"}}]]}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    screen.type_line("my word is pineapple")
+    screen.wait_for("noted")
+    screen.type_line("two")
+    screen.wait_for("fatal: gone")
+    screen.wait_for(lambda s: "agent stopped" in s.splitlines()[-1])
+    screen.type_line("/restart")
+    screen.wait_for("could not reopen its session")
+    screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    screen.type_line("which word?")
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "in" and e["frame"].get("method") == "session/prompt"
+                             and "which word?" in json.dumps(e["frame"]))
+    sent = " ".join(b.get("text", "") for b in entry["frame"]["params"]["prompt"])
+    assert "User: my word is pineapple" in sent and sent.rstrip().endswith("which word?")
+    assert "my word is pineapple" in screen.text()  # the old conversation is still on the screen
     leave(screen)
 
 
