@@ -40,6 +40,7 @@ class SessionMeta:
     title: str = ""
     turns: int = 0
     parent: str | None = None  # the delegating session, for child sessions
+    resumed_from: str | None = None  # the saved session this one goes on from (resume, /restart)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,8 +204,17 @@ class SessionStore:
 
     def history_as_context(self, session_id: str, max_chars: int = 20000) -> str:
         """The conversation so far, as text to hand a fresh agent session when it cannot load the old one."""
+        # A session resumed from another holds only its own turns: walk back the chain first.
+        chain: list[str] = []
+        current: str | None = session_id
+        while current is not None and current not in chain and len(chain) < 50:
+            chain.append(current)
+            try:
+                current = self.meta(current).resumed_from
+            except CrucibleError:
+                break
         lines: list[str] = []
-        for ev in self.events(session_id):
+        for ev in (ev for sid in reversed(chain) for ev in self.events(sid)):
             if ev.get("type") == "user_message":
                 lines.append(f"User: {ev.get('text', '')}")
             elif ev.get("type") == "agent_message":

@@ -424,7 +424,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
         policy = PermissionPolicy(card_rules=dict(card_rules), config_rules=dict(opts.config.permissions),
                                   card_name=card_name, label=label)
     meta = SessionMeta(id=new_session_id(), agent=opts.agent.name, created=time.time(), updated=time.time(),
-                       cwd=str(opts.cwd), kiln=str(opts.kiln), card=card_name, parent=opts.parent_id)
+                       cwd=str(opts.cwd), kiln=str(opts.kiln), card=card_name, parent=opts.parent_id,
+                       resumed_from=opts.resume)
     writer = store.create(meta)
     session = CrucibleSession(opts, policy, writer)
 
