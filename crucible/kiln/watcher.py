@@ -75,12 +75,37 @@ async def watch_kiln(
     another process) is logged and retried with the next batch, which includes the missed paths.
     """
     root = Path(await trio.Path(root).resolve())
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stop_on_cancel, stop)
+        await _watch(root, index, on_change, debounce_ms, stop, task_status)
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_cancel(stop: trio.Event) -> None:
+    """watchfiles waits for its watch thread on cancel, and that thread only looks at the
+    stop event (every step) or returns at its timeout: set the event as soon as we are
+    cancelled, or closing a session waits up to _ARMED_TIMEOUT_MS for the watcher."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        stop.set()
+
+
+async def _watch(
+    root: Path,
+    index: KilnIndex | Callable[[], KilnIndex | None] | None,
+    on_change: Callable[[list[str]], Awaitable[None]] | None,
+    debounce_ms: int,
+    stop: trio.Event,
+    task_status: trio.TaskStatus[None],
+) -> None:
     started = False
     retry: set[str] = set()
 
     async for changes in awatch(
         root, watch_filter=_filter(root), debounce=debounce_ms, rust_timeout=_ARMED_TIMEOUT_MS,
-        yield_on_timeout=True,
+        yield_on_timeout=True, stop_event=stop,
     ):
         if not started:
             started = True
