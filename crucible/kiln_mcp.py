@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from crucible.errors import CrucibleError
-from crucible.kiln.paths import KilnNotFoundError, iter_files, iter_markdown, resolve_in_kiln
+from crucible.kiln.paths import KilnNotFoundError, iter_markdown, kiln_sizes, resolve_in_kiln
 from mcp_bridge.kiln_api import (
     ChangeFn,
     EditConflictError,
@@ -273,23 +273,10 @@ class CrucibleKilnBackend:
 
     # --- the kiln -------------------------------------------------------------------------
 
-    def _sizes(self) -> tuple[int, int, int, int]:
-        files = md = total = md_total = 0
-        for rel in iter_files(self.root):
-            try:
-                size = (self.root / rel).stat().st_size
-            except OSError:
-                continue
-            files += 1
-            total += size
-            if rel.lower().endswith(".md"):
-                md += 1
-                md_total += size
-        return files, md, total, md_total
-
     def kiln_info(self) -> KilnInfo:
-        files, md, total, _ = self._sizes()
-        return KilnInfo(name=self.name, total_files=files, markdown_files=md, total_size_bytes=total)
+        sizes = kiln_sizes(self.root)
+        return KilnInfo(name=self.name, total_files=sizes.files, markdown_files=sizes.markdown_files,
+                        total_size_bytes=sizes.total_bytes)
 
     def kiln_roots(self) -> list[KilnRoot]:
         return [KilnRoot(uri="kiln://notes/", name=self.name)]
@@ -297,7 +284,7 @@ class CrucibleKilnBackend:
     def kiln_stats(self) -> KilnStats:
         from crucible.kiln.notes import read_note
 
-        files, md, total, md_total = self._sizes()
+        sizes = kiln_sizes(self.root)
         tags: set[str] = set()
         links = 0
         newest: float | None = None
@@ -316,11 +303,11 @@ class CrucibleKilnBackend:
             newest = mtime if newest is None else max(newest, mtime)
         return KilnStats(
             name=self.name,
-            markdown_files=md,
-            other_files=files - md,
+            markdown_files=sizes.markdown_files,
+            other_files=sizes.files - sizes.markdown_files,
             folders=len(folders),
-            total_size_bytes=total,
-            markdown_size_bytes=md_total,
+            total_size_bytes=sizes.total_bytes,
+            markdown_size_bytes=sizes.markdown_bytes,
             tags=len(tags),
             links=links,
             last_modified=_iso(newest) if newest is not None else None,

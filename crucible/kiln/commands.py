@@ -18,7 +18,7 @@ from typing import Any
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
-from crucible.kiln.paths import iter_files, iter_markdown
+from crucible.kiln.paths import kiln_sizes
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, SearchResult, run_search
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
@@ -199,20 +199,9 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
 
 
 def kiln_stats(root: Path) -> dict[str, Any]:
-    total_files = 0
-    total_size = 0
-    for rel in iter_files(root):
-        try:
-            total_size += (root / rel).stat().st_size
-        except OSError:
-            continue
-        total_files += 1
-    return {
-        "name": root.name,
-        "total_files": total_files,
-        "markdown_files": sum(1 for _ in iter_markdown(root)),
-        "total_size_bytes": total_size,
-    }
+    sizes = kiln_sizes(root)
+    return {"name": root.name, "total_files": sizes.files, "markdown_files": sizes.markdown_files,
+            "total_size_bytes": sizes.total_bytes}
 
 
 def cmd_info(args: argparse.Namespace) -> int:

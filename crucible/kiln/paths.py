@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from crucible.errors import CrucibleError
@@ -185,3 +186,28 @@ def iter_files(root: Path) -> Iterator[str]:
     """Sorted kiln-relative paths of every file (for kiln stats), with the same skipping."""
     root = root.resolve()
     yield from sorted(_walk(root, root, want_md=False))
+
+
+@dataclass(frozen=True)
+class KilnSizes:
+    files: int
+    markdown_files: int
+    total_bytes: int
+    markdown_bytes: int
+
+
+def kiln_sizes(root: Path) -> KilnSizes:
+    """File counts and sizes of the whole kiln (`cru kiln info`, the kiln_info/kiln_stats tools)."""
+    files = md = total = md_total = 0
+    root = root.resolve()
+    for rel in iter_files(root):
+        try:
+            size = (root / rel).stat().st_size
+        except OSError:
+            continue
+        files += 1
+        total += size
+        if rel.lower().endswith(".md"):
+            md += 1
+            md_total += size
+    return KilnSizes(files, md, total, md_total)
