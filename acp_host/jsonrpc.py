@@ -18,6 +18,9 @@ Rules a user of `JsonRpcPeer` must know:
   call `request()` freely. `$/cancel_request` {"requestId": id} cancels one and it is
   answered with error -32800.
 * Cancelling a caller of `request()` sends `$/cancel_request` for it to the other side.
+* While a notification handler runs inline, `current_line` holds the frame's raw bytes
+  (without the newline), so a proxy can forward them without encoding them again; it is
+  None otherwise, and only the handler itself (the read loop's task) may rely on it.
 * EOF on the read side ends the connection: `closed` is set, pending requests fail with
   ConnectionClosed, inbound handlers are cancelled and further writes are refused.
 * A write, once started, completes even if its caller is cancelled (half a frame would
@@ -365,6 +368,8 @@ class JsonRpcPeer:
         self._reader_task: trio.lowlevel.Task | None = None
         self._in_notification = False
         self._started = False
+        # The raw frame of the notification being handled inline (see the module docstring).
+        self.current_line: bytes | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed.is_set() else "open"
@@ -438,6 +443,7 @@ class JsonRpcPeer:
                     ):
                         stats.notifications_received += 1
                         self._in_notification = True
+                        self.current_line = line
                         try:
                             await handler(method, params)
                         except JsonRpcError as exc:
@@ -450,6 +456,7 @@ class JsonRpcPeer:
                             )
                         finally:
                             self._in_notification = False
+                            self.current_line = None
                         continue
                 await self._dispatch(classify(obj), line)
 

@@ -9,16 +9,21 @@
 
 Each flood is read by two clients, the same one on both sides of each ratio:
   raw  a minimal blocking client (json.loads per line): the proxy's own ceiling, since this
-       client costs almost nothing per event (our peer reading the backend, each update parsed
-       into the session's typed events and its transcript, each frame written on);
+       client costs almost nothing per event. Per update the proxy reads and decodes the
+       backend's frame once, writes the frame on as the backend wrote it (only the sessionId
+       replaced, in the bytes), coalesced with its neighbours into one pipe write, and turns
+       the update into the session's typed event for its transcript (chunks joined per batch).
+       With this client the CPU time of the `cru acp` process per update is printed too
+       (Linux /proc): unlike the rates it hardly depends on what else the machine runs;
   sdk  the official ACP SDK's client (asyncio, pydantic models per update), as an editor
        built on it would read the stream: the goal's comparison.
 
-    python bench/proxy.py [--runs 15] [--n 100000] [--repeat 3]
+    python bench/proxy.py [--runs 15] [--n 100000] [--repeat 3] [--cru PATH]
 
-Through cru acp three processes share the CPU (agent, proxy, client) where the direct path
-has two, so on a small or busy machine the sdk share is bounded by the proxy's own ceiling
-(the raw-client figure), not only by its cost per event.
+`--cru` measures another `cru` (say, a checkout of an older commit) against the same direct
+figures. Through cru acp three processes share the CPU (agent, proxy, client) where the direct
+path has two, so on a small or busy machine the sdk share is bounded by the proxy's own ceiling
+(the raw-client figure), not only by its cost per event: compare figures of one run, and repeat.
 """
 
 from __future__ import annotations
@@ -96,8 +101,8 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def cru_acp(backend: list[str]) -> list[str]:
-    return [CRU, "acp", "--agent-command", shlex.join(backend), "--kiln", str(KILN)]
+def cru_acp(backend: list[str], cru: str = CRU) -> list[str]:
+    return [cru, "acp", "--agent-command", shlex.join(backend), "--kiln", str(KILN)]
 
 
 def init_latency(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> float:
@@ -109,15 +114,31 @@ def init_latency(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> flo
     return took
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of one process (not its children), or None off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, list[float]] = {}  # per argv[0]: CPU microseconds per update of the process driven
+
+
 def flood_rate(argv: list[str], env: dict[str, str], n: int, stderr: IO[bytes], cwd: str) -> float:
     client = RawClient(argv, env, stderr)
     try:
         client.wait(client.send("initialize", INIT))
         new, _ = client.wait(client.send("session/new", {"cwd": cwd, "mcpServers": []}))
+        cpu = _cpu_seconds(client.proc.pid)
         start = time.perf_counter()
         result, updates = client.wait(client.send("session/prompt", {
             "sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "flood"}]}))
         took = time.perf_counter() - start
+        cpu_after = _cpu_seconds(client.proc.pid)
+        if cpu is not None and cpu_after is not None:
+            CPU.setdefault(argv[0], []).append((cpu_after - cpu) / n * 1e6)
     finally:
         client.close()
     if updates != n or result.get("stopReason") != "end_turn":
@@ -170,19 +191,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15, help="initialize measurements per agent")
     ap.add_argument("--n", type=int, default=100_000, help="updates in the flood")
     ap.add_argument("--repeat", type=int, default=3, help="flood measurements per path (best is kept)")
+    ap.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
     args = ap.parse_args()
+    cru = args.cru
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as d:
         tmp = Path(d)
         env = _env(tmp)
         stderr = open(tmp / "stderr.txt", "wb")  # noqa: SIM115
         try:
             # Warm the OS caches once for both, then interleave so drift hits both alike.
-            init_latency(cru_acp(FLOOD), env, stderr)
+            init_latency(cru_acp(FLOOD, cru), env, stderr)
             init_latency(SDK_AGENT, env, stderr)
             ours: list[float] = []
             sdk: list[float] = []
             for _ in range(args.runs):
-                ours.append(init_latency(cru_acp(FLOOD), env, stderr))
+                ours.append(init_latency(cru_acp(FLOOD, cru), env, stderr))
                 sdk.append(init_latency(SDK_AGENT, env, stderr))
             ratio = statistics.median(ours) / statistics.median(sdk)
             print(f"initialize, {args.runs} runs each (spawn + answer)")
@@ -198,7 +221,7 @@ def main() -> None:
                 proxied: list[float] = []
                 for _ in range(args.repeat):
                     direct.append(measure(flood, flood_env, args.n, stderr, str(tmp)))
-                    proxied.append(measure(cru_acp(flood), flood_env, args.n, stderr, str(tmp)))
+                    proxied.append(measure(cru_acp(flood, cru), flood_env, args.n, stderr, str(tmp)))
                 share = max(proxied) / max(direct)
                 print(f"  {label}: direct           {max(direct):10,.0f} events/s   (all: "
                       + ", ".join(f"{r:,.0f}" for r in direct) + ")")
@@ -207,6 +230,9 @@ def main() -> None:
                 goal = f"   goal >= 70%   {'ok' if share >= 0.7 else 'MISSED'}" if label == "sdk client" else \
                     "   (the proxy's own ceiling)"
                 print(f"  {label}: share            {share:.0%}{goal}")
+            if CPU.get(cru):
+                print(f"  CPU per update (raw client): cru acp {min(CPU[cru]):.1f} us (all: "
+                      + ", ".join(f"{c:.1f}" for c in CPU[cru]) + f"); the flood agent alone {min(CPU[PY]):.1f} us")
         finally:
             stderr.close()
             tail = (tmp / "stderr.txt").read_text(errors="replace").strip()

@@ -6,8 +6,9 @@ editor's side onto it:
 
 * `initialize` is answered at once, before any backend starts; the heavy imports (acp.schema,
   mcp, the kiln stack) happen after the answer, in a thread, or when first needed.
-* The backend's `session/update` params are forwarded as they are (unknown variants too),
-  with the sessionId mapped to the editor's; Crucible's card option and slash commands are
+* The backend's `session/update` frames are forwarded as they are (unknown variants too):
+  the raw line, with only the sessionId replaced by the editor's (re-encoded when that
+  cannot be done safely on the bytes); Crucible's card option and slash commands are
   spliced into `config_option_update` / `available_commands_update`.
 * The backend's requests go to the editor: `session/request_permission` after Crucible's own
   policy (card, config, remembered answers) had its say; `fs/*` and `terminal/*` when the
@@ -20,6 +21,7 @@ editor's side onto it:
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import logging
@@ -27,7 +29,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -76,7 +78,10 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
-# A forwarded update, framed by hand: the hot path of a flood.
+# Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
+# Every other update goes to the editor as the backend wrote it (`_Forwarder.raw_frame`).
+_SPLICED = ("available_commands_update", "config_option_update")
+# An update forwarded from its decoded form, framed by hand.
 _UPDATE_HEAD = b'{"jsonrpc":"2.0","method":"session/update","params":'
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
@@ -139,18 +144,23 @@ class CoalescingSendStream(trio.abc.SendStream):
         while len(self._buf) > self.limit and self._error is None and not self._closed:
             await self._space.wait()
 
-    async def send_frame(self, frame: bytes) -> bool:
-        """Queue one whole frame without a checkpoint while there is room (a forwarded flood
-        then costs no scheduler round per update). False when the editor is gone."""
-        while len(self._buf) > self.limit and self._error is None and not self._closed:
-            await self._space.wait()
-        if self._closed or self._error is not None:
+    def put_nowait(self, frame: bytes) -> bool:
+        """Queue one whole frame if there is room and the editor is there (else False, and
+        nothing is queued): a forwarded flood then costs no scheduler round per update."""
+        if len(self._buf) > self.limit or self._closed or self._error is not None:
             return False
         self._buf += frame
         self._wake.set()
         if len(self._buf) >= self.batch:
             self._full.set()
         return True
+
+    async def send_frame(self, frame: bytes) -> bool:
+        """Queue one whole frame, waiting for room (backpressure) only when it is short of it.
+        False when the editor is gone."""
+        while len(self._buf) > self.limit and self._error is None and not self._closed:
+            await self._space.wait()
+        return self.put_nowait(frame)
 
     async def wait_send_all_might_not_block(self) -> None:
         while len(self._buf) > self.limit and self._error is None:
@@ -242,13 +252,61 @@ class _Forwarder:
         self.editor_id: str | None = None
         self.early: list[dict[str, Any]] = []
         self.live = False
+        # The backend's peer: its `current_line` is the raw frame of the update being handled.
+        self.backend: JsonRpcPeer | None = None
+        self._old_id = b""
+        self._new_id = b""
+
+    def attach(self, proxy: ProxySession, backend: JsonRpcPeer) -> None:
+        self.proxy, self.editor_id, self.backend = proxy, proxy.id, backend
+        self._old_id = _dumps(proxy.backend_id).encode()
+        self._new_id = _dumps(proxy.id).encode()
 
     async def __call__(self, params: dict[str, Any]) -> None:
         if not self.live:
             if len(self.early) < _EARLY_LIMIT:
                 self.early.append(params)
             return
+        # Read now, in the backend's read loop: only its notification handler may use it.
+        backend = self.backend
+        line = backend.current_line if backend is not None else None
+        out = self.server._out
+        if line is not None and out is not None:
+            # The flood's path, with no await: the frame as the backend wrote it.
+            update = params.get("update")
+            kind = update.get("sessionUpdate") if type(update) is dict else None
+            if kind not in _SPLICED and not self.server.editor_closed():
+                frame = self.raw_frame(line)
+                if frame is not None:
+                    if not out.put_nowait(frame):
+                        await out.send_frame(frame)
+                    return
         await self.server.forward_update(self, params)
+
+    def raw_frame(self, line: bytes) -> bytes | None:
+        """The backend's frame with the editor's sessionId put in place of the backend's, or
+        None when that cannot be done safely on the bytes (then the update is re-encoded).
+
+        Safe: the frame starts with the jsonrpc member, and `"sessionId"` occurs once as a
+        token, followed by the backend's id. Inside a JSON string every quote is escaped, so
+        that one occurrence is the params' own key (a nested sessionId key would make two);
+        serialisers do not escape ASCII letters in keys."""
+        if not (line.startswith(b'{"jsonrpc":"2.0"') or line.startswith(b'{"jsonrpc": "2.0"')):
+            return None
+        at = line.find(b'"sessionId"')
+        if at < 0 or line.find(b'"sessionId"', at + 11) >= 0:
+            return None
+        at += 11
+        if line.startswith(b": ", at):
+            at += 2
+        elif line.startswith(b":", at):
+            at += 1
+        else:
+            return None
+        old = self._old_id
+        if not line.startswith(old, at):
+            return None
+        return b"".join((line[:at], self._new_id, line[at + len(old):], b"\n"))
 
     async def go_live(self) -> None:
         """Send what was held, in order; later updates go straight through."""
@@ -526,7 +584,13 @@ class AcpAgentServer:
                 proxy.backend_commands = [_dump(c) for c in cs.acp.state.commands]
                 cs.acp.services = EditorServices(  # type: ignore[assignment]
                     cs.acp.services, self.peer, proxy.id, self.editor_methods)
-                fwd.editor_id, fwd.proxy = proxy.id, proxy
+                assert cs.client is not None
+                fwd.attach(proxy, cs.client.peer)
+                # What exists now (modules, the kiln index, the session) lives as long as the
+                # session: the cyclic GC need not scan it again on each full collection, which a
+                # flood of updates triggers (~25 ms each, ~7% of the proxy's CPU in bench/proxy.py).
+                # Unfrozen when a session closes, so its garbage can be collected.
+                gc.freeze()
                 self.sessions[proxy.id] = proxy
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._drain_events, cs)
@@ -539,28 +603,23 @@ class AcpAgentServer:
             logger.exception("session %s failed", proxy.id)
         finally:
             if proxy is not None:
+                gc.unfreeze()
                 if self.sessions.get(proxy.id) is proxy:
                     del self.sessions[proxy.id]
                 proxy.done.set()
 
     async def _drain_events(self, cs: CrucibleSession) -> None:
         """Keep the session's typed events flowing into its transcript. They are taken in
-        batches: the editor already has them raw, and a flood must not cost a wake-up each."""
-        assert cs.acp is not None
-        channel = cs.acp.events
+        batches, streamed chunks joined: the editor already has them raw, and a flood must
+        not cost a wake-up and a transcript write per chunk."""
+        acp = cs.acp
+        assert acp is not None
         while True:
             try:
-                event = await channel.receive()
+                batch = await acp.receive_batch(4096)
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 return
-            cs.record(event)
-            while True:
-                try:
-                    event = channel.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    return
+            for event in _joined_chunks(batch):
                 cs.record(event)
 
     def _new_result(self, proxy: ProxySession) -> dict[str, Any]:
@@ -780,7 +839,13 @@ class AcpAgentServer:
         return result if isinstance(result, dict) else {}
 
     # -- backend -> editor ----------------------------------------------------------------
+    def editor_closed(self) -> bool:
+        return self.peer is None or self.peer.closed.is_set()
+
     async def forward_update(self, fwd: _Forwarder, params: dict[str, Any]) -> None:
+        """One backend update to the editor, decoded: with the editor's sessionId, and
+        Crucible's card option and commands spliced in (`_Forwarder` sends the raw frame
+        instead when nothing needs changing but the sessionId)."""
         proxy, peer = fwd.proxy, self.peer
         if proxy is None or peer is None:
             return
@@ -852,6 +917,37 @@ class AcpAgentServer:
                         return Decision(kind, f"chosen in the editor ({opt.get('name', chosen)})")
             return Decision("reject_once", f"the editor chose an unknown option {chosen!r}")
         return Decision("cancelled", "cancelled in the editor")
+
+
+def _joined_chunks(events: list[Any]) -> list[Any]:
+    """`events` with each run of message (or thought) chunks of one message joined into one
+    chunk: the transcript stores such a run as one event anyway. The joined chunk keeps the
+    first one's `content` (the transcript only reads the text)."""
+    from acp_host.session import MessageChunk, ThoughtChunk
+
+    out: list[Any] = []
+    run: list[Any] = []
+    for event in events:
+        kind = type(event)
+        if kind is MessageChunk or kind is ThoughtChunk:
+            if run and (type(run[0]) is not kind or run[0].message_id != event.message_id):
+                out.append(_join(run))
+                run = []
+            run.append(event)
+            continue
+        if run:
+            out.append(_join(run))
+            run = []
+        out.append(event)
+    if run:
+        out.append(_join(run))
+    return out
+
+
+def _join(run: list[Any]) -> Any:
+    if len(run) == 1:
+        return run[0]
+    return replace(run[0], text="".join([c.text for c in run]))
 
 
 def _dump(value: Any) -> Any:
