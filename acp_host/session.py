@@ -498,7 +498,13 @@ class AcpSession:
     async def handle_update(self, params: dict[str, Any]) -> None:
         """A `session/update` notification for this session (params as raw JSON)."""
         self._last_activity = trio.current_time()
-        await self._emit(self.parse_update(params.get("update")))
+        event = self.parse_update(params.get("update"))
+        try:
+            self._send.send_nowait(event)  # `_emit` inlined: the flood's path, one coroutine less
+        except trio.WouldBlock:
+            await self._emit(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # nobody listens any more (session closed)
 
     def handle_update_nowait(self, params: dict[str, Any]) -> bool:
         """Queue an update without waiting (False if the event channel is full)."""
