@@ -34,7 +34,6 @@ HEADLESS_EXIT_GRACE = 0.5
 def build_options(args: argparse.Namespace) -> Any:
     """Config, kiln, card and agent from the command line (shared by chat, session create, acp)."""
     from acp_host.registry import AgentRegistryError, resolve_agent
-    from crucible.cards import get_card
     from crucible.config import load_config, resolve_kiln
     from crucible.sessions import SessionOptions, approve_all_asker, deny_all_asker, deny_asker
 
@@ -43,7 +42,11 @@ def build_options(args: argparse.Namespace) -> Any:
     cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
     if not cwd.is_dir():
         raise CrucibleError(f"--cwd {getattr(args, 'cwd', '')} is not a folder", "pass an existing folder")
-    card = get_card(args.card, kiln, cwd) if getattr(args, "card", None) else None
+    card = None
+    if getattr(args, "card", None):  # cards (ruamel.yaml) load only when asked: the agent starts after this
+        from crucible.cards import get_card
+
+        card = get_card(args.card, kiln, cwd)
     name = getattr(args, "agent", None) or (card.agent if card else None) or config.default_agent
     try:
         spec = resolve_agent(None if getattr(args, "agent_command", None) else name,
