@@ -18,12 +18,15 @@ Each flood is read by two clients, the same one on both sides of each ratio:
   sdk  the official ACP SDK's client (asyncio, pydantic models per update), as an editor
        built on it would read the stream: the goal's comparison.
 
-    python bench/proxy.py [--runs 15] [--n 100000] [--repeat 3] [--cru PATH]
+    python bench/proxy.py [--runs 15] [--n 100000] [--repeat 3] [--cru PATH] [--one-cpu]
 
 `--cru` measures another `cru` (say, a checkout of an older commit) against the same direct
 figures. Through cru acp three processes share the CPU (agent, proxy, client) where the direct
 path has two, so on a small or busy machine the sdk share is bounded by the proxy's own ceiling
 (the raw-client figure), not only by its cost per event: compare figures of one run, and repeat.
+On two cores the sdk share is bimodal (about 100% when the client has a core to itself, less
+when the proxy shares the client's core); `--one-cpu` runs everything on one CPU, the busy
+machine's case, where the share is about client cost / (client cost + proxy cost).
 """
 
 from __future__ import annotations
@@ -192,8 +195,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000, help="updates in the flood")
     ap.add_argument("--repeat", type=int, default=3, help="flood measurements per path (best is kept)")
     ap.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
+    ap.add_argument("--one-cpu", action="store_true", help="run this and every process it starts on one CPU")
     args = ap.parse_args()
     cru = args.cru
+    if args.one_cpu:
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})  # inherited by every process started from here
+        print(f"all processes on CPU {cpu}")
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as d:
         tmp = Path(d)
         env = _env(tmp)
