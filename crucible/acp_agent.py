@@ -60,8 +60,6 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 CARD_OPTION = "crucible_card"
 NO_CARD = "none"
-# Updates a backend sends before our session/new answer is out (held, then sent in order).
-_EARLY_LIMIT = 1000
 # How long a turn the editor gave up on ($/cancel_request) may take to end after session/cancel.
 _CANCEL_WAIT = 35.0
 _KNOWN_IMAGE_AGENTS = ("claude", "gemini", "opencode", "codex")
@@ -264,8 +262,10 @@ class _Forwarder:
 
     async def __call__(self, params: dict[str, Any]) -> None:
         if not self.live:
-            if len(self.early) < _EARLY_LIMIT:
-                self.early.append(params)
+            # No cap: a backend's native session/load replays the whole history before our answer
+            # (the session layer holds it unbounded too). On session/new the session's own bounded
+            # event buffer, not drained before the session is open, holds the backend back.
+            self.early.append(params)
             return
         # Read now, in the backend's read loop: only its notification handler may use it.
         backend = self.backend

@@ -134,3 +134,24 @@ def test_chunks_thoughts_and_tool_calls_keep_their_order_in_the_transcript(acp: 
                  ("agent_message", "".join(f"say {turn}.{i} " for i in range(300))),
                  ("tool_call", f"tool {turn}")]
     assert saved == want
+
+
+def test_a_long_history_replayed_by_the_backend_reaches_the_editor_whole(acp: AcpSetup) -> None:
+    n = 3000  # more than a backend may send before the session is live in the editor
+    acp.script({
+        "initialize": {"result": {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {}}}},
+        "history": [{"text": f"old {i} "} for i in range(n)],
+    })
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text="hi")])
+        await conn.close_session(session_id=new.session_id)
+        editor.updates.clear()
+        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
+        return str(new.session_id)
+
+    sid = run(acp, editor, body, acp.agent_command, str(acp.script_path))
+    assert [f["params"]["sessionId"] for f in acp.inbound("session/load")] == ["sess-1"]  # natively
+    assert editor.text(sid) == "".join(f"old {i} " for i in range(n))
