@@ -76,6 +76,17 @@ _MCP_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
+def _session_params(session_id: str | None, cwd: str | os.PathLike[str], mcp_servers: Iterable[Any],
+                    additional_directories: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """The params session/new, load and resume share (new has no sessionId)."""
+    params: dict[str, Any] = {"cwd": os.fspath(cwd), "mcpServers": _mcp_servers(mcp_servers)}
+    if session_id is not None:
+        params = {"sessionId": session_id, **params}
+    if additional_directories:
+        params["additionalDirectories"] = [os.fspath(d) for d in additional_directories]
+    return params
+
+
 def _mcp_servers(servers: Iterable[Any]) -> list[Any]:
     """mcpServers as wire JSON, each entry checked: agents drop a malformed entry silently
     (a stdio entry without "args"/"env"), so a bad one is an error here."""
@@ -276,10 +287,7 @@ class AcpClient:
     ) -> AcpSession:
         """session/new. `additional_directories` are sent to the agent (when it supports
         them) and are also roots the session's fs/terminal services may use."""
-        params: dict[str, Any] = {"cwd": os.fspath(cwd), "mcpServers": _mcp_servers(mcp_servers)}
-        if additional_directories:
-            params["additionalDirectories"] = [os.fspath(d) for d in additional_directories]
-        result = await self.request("session/new", params)
+        result = await self.request("session/new", _session_params(None, cwd, mcp_servers, additional_directories))
         parsed = _parse(schema.NewSessionResponse, "session/new", result)
         session = self._new_session_object(
             parsed.session_id, cwd, additional_directories, policy, inactivity_timeout,
@@ -311,13 +319,7 @@ class AcpClient:
         )
         self._register(session)
         await session.mark_history(True)
-        params: dict[str, Any] = {
-            "sessionId": session_id,
-            "cwd": os.fspath(cwd),
-            "mcpServers": _mcp_servers(mcp_servers),
-        }
-        if additional_directories:
-            params["additionalDirectories"] = [os.fspath(d) for d in additional_directories]
+        params = _session_params(session_id, cwd, mcp_servers, additional_directories)
         try:
             result = await self.request("session/load", params)
         except BaseException:
@@ -342,13 +344,7 @@ class AcpClient:
         env: dict[str, str] | None = None,
     ) -> AcpSession:
         """session/resume: like load, without the history replay."""
-        params: dict[str, Any] = {
-            "sessionId": session_id,
-            "cwd": os.fspath(cwd),
-            "mcpServers": _mcp_servers(mcp_servers),
-        }
-        if additional_directories:
-            params["additionalDirectories"] = [os.fspath(d) for d in additional_directories]
+        params = _session_params(session_id, cwd, mcp_servers, additional_directories)
         result = await self.request("session/resume", params)
         _parse(schema.ResumeSessionResponse, "session/resume", result)
         session = self._new_session_object(
