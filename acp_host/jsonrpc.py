@@ -482,7 +482,7 @@ class JsonRpcPeer:
         else:
             self._invalid_line(line, msg.reason)
             if msg.id is not None:
-                self._reply_soon(Response(msg.id, error=JsonRpcError(INVALID_REQUEST, msg.reason)))
+                self.reply_soon(Response(msg.id, error=JsonRpcError(INVALID_REQUEST, msg.reason)))
 
     async def _dispatch_notification(self, method: str, params: Any) -> None:
         self.stats.notifications_received += 1
@@ -571,10 +571,10 @@ class JsonRpcPeer:
         assert self._nursery is not None
         if msg.method == CANCEL_METHOD:
             self._cancel_in_flight(msg.params)
-            self._reply_soon(Response(msg.id, result=None))
+            self.reply_soon(Response(msg.id, result=None))
             return
         if msg.id in self._in_flight:
-            self._reply_soon(
+            self.reply_soon(
                 Response(msg.id, error=JsonRpcError(INVALID_REQUEST, "request id already in use"))
             )
             return
@@ -609,7 +609,8 @@ class JsonRpcPeer:
             self._in_flight.pop(msg.id, None)
         await self._send_reply(reply)
 
-    def _reply_soon(self, reply: Response) -> None:
+    def reply_soon(self, reply: Response) -> None:
+        """Send a reply from code that cannot wait (e.g. a parse error seen by the read loop)."""
         if self._nursery is not None:
             self._nursery.start_soon(self._send_reply, reply)
 

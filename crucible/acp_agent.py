@@ -428,7 +428,7 @@ class AcpAgentServer:
         # The peer answers invalid requests that carry an id; a line that is not JSON at all
         # gets JSON-RPC's parse error with a null id, so the editor sees why nothing happened.
         if self.peer is not None and reason.startswith("not JSON"):
-            self.peer._reply_soon(Response(None, error=JsonRpcError(PARSE_ERROR, f"parse error: {reason}")))
+            self.peer.reply_soon(Response(None, error=JsonRpcError(PARSE_ERROR, f"parse error: {reason}")))
 
     async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
@@ -660,7 +660,7 @@ class AcpAgentServer:
         # answer); otherwise the editor gets it from Crucible's transcript.
         caps = proxy.cs.client.capabilities if proxy.cs.client is not None else None
         session_caps = getattr(caps, "session_capabilities", None)
-        native_replay = (proxy.cs._resumed_natively and getattr(session_caps, "resume", None) is None
+        native_replay = (proxy.cs.resumed_natively and getattr(session_caps, "resume", None) is None
                          and bool(getattr(caps, "load_session", False)))
         await fwd.go_live()
         if replay and not native_replay:
@@ -816,7 +816,7 @@ class AcpAgentServer:
         cs.opts.card = card
         cs.policy.card_rules = dict(card.tools) if card else {}
         cs.policy.card_name = card.name if card else None
-        cs._first_prompt = True  # the new card's body goes first in the next prompt
+        cs.preamble_pending = True  # the new card's body goes first in the next prompt
         proxy.card = name
         cs.writer.append({"type": "card", "card": name})
         assert self.peer is not None

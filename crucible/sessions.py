@@ -196,10 +196,10 @@ class CrucibleSession:
         self.bridge_listed = trio.Event()
         self.warnings: list[str] = []
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
-        self._first_prompt = True
+        self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
-        self._resumed_natively = False  # the agent loaded its own history (session/load|resume)
+        self.resumed_natively = False  # the agent loaded its own history (session/load|resume)
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
@@ -256,7 +256,7 @@ class CrucibleSession:
     def prompt_blocks(self, text: str, extra_blocks: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The card's body goes first in the first prompt, so the agent's prompt cache can reuse it."""
         blocks: list[dict[str, Any]] = []
-        if self._first_prompt:
+        if self.preamble_pending:
             preamble = self._preamble()
             if preamble:
                 blocks.append({"type": "text", "text": preamble})
@@ -269,7 +269,7 @@ class CrucibleSession:
         card = self.opts.card
         if card is not None and card.body:
             parts.append(f"<instructions card=\"{card.name}\">\n{card.body}\n</instructions>")
-        if self.opts.resume and self.opts.store is not None and not self._resumed_natively:
+        if self.opts.resume and self.opts.store is not None and not self.resumed_natively:
             history = self.opts.store.history_as_context(self.opts.resume)
             if history:
                 parts.append(f"<previous_conversation>\n{history}\n</previous_conversation>")
@@ -278,7 +278,7 @@ class CrucibleSession:
     async def prompt(self, text: str, extra_blocks: list[dict[str, Any]] | None = None) -> TurnEnded:
         assert self.acp is not None
         blocks = self.prompt_blocks(text, extra_blocks)
-        self._first_prompt = False
+        self.preamble_pending = False
         self.writer.append({"type": "user_message", "text": text})
         if not self.writer.meta.title:
             self.writer.meta.title = text.strip().splitlines()[0][:80] if text.strip() else ""
@@ -541,10 +541,10 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
 
             try:
                 if session_caps is not None and getattr(session_caps, "resume", None) is not None:
-                    session._resumed_natively = True
+                    session.resumed_natively = True
                     return await client.resume_session(old.agent_session_id, opts.cwd, servers, **kw)
                 if getattr(caps, "load_session", False):
-                    session._resumed_natively = True
+                    session.resumed_natively = True
                     # The replay arrives before open_session yields, so nobody reads the events yet:
                     # an unbounded buffer keeps a long history (> the default 1024 events) from
                     # blocking the read loop, and with it the session/load answer (a deadlock).
@@ -553,7 +553,7 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
             except JsonRpcError as exc:
                 # The agent lost its own copy (cleared storage, another machine): the conversation
                 # still goes on, from Crucible's transcript handed over as context.
-                session._resumed_natively = False
+                session.resumed_natively = False
                 msg = (f"the agent could not reopen its session ({exc.message}); "
                        f"started a new one with the saved conversation as context")
                 session.warnings.append(msg)

@@ -903,7 +903,7 @@ class ChatUI:
             return
         caps = session.client.capabilities if session.client is not None else None
         has_resume = getattr(getattr(caps, "session_capabilities", None), "resume", None) is not None
-        if getattr(session, "_resumed_natively", False) and not has_resume:
+        if session.resumed_natively and not has_resume:
             return  # session/load: the replay is in the event stream
         store = self.opts.store
         events = await trio.to_thread.run_sync(lambda: list(store.events(resumed)))
