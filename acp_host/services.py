@@ -283,6 +283,11 @@ class SessionServices:
         with trio.CancelScope(shield=True):
             await term.exited.wait()
 
+    def output_so_far(self, terminal_id: str) -> str | None:
+        """What a terminal printed so far (within its byte limit), or None once it is released."""
+        term = self._terminals.get(terminal_id)
+        return term.text() if term is not None else None
+
     def terminal_pids(self) -> list[int]:
         """Process ids of the terminals not yet released (for diagnostics)."""
         return [t.process.pid for t in self._terminals.values()]

@@ -386,8 +386,7 @@ class ChatUI:
     def _terminal_text(self, terminal_id: str, session: CrucibleSession | None = None) -> str | None:
         session = session or self.session
         services = session.acp.services if session is not None and session.acp else None
-        term = getattr(services, "_terminals", {}).get(terminal_id) if services is not None else None
-        return term.text() if term is not None else None
+        return services.output_so_far(terminal_id) if services is not None else None
 
     def _turn_ended(self, event: TurnEnded) -> None:
         self._end_text()
