@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from prompt_toolkit.utils import get_cwidth
+
 Fragment = tuple[str, str]
 Fragments = list[Fragment]
 
@@ -75,8 +77,23 @@ def peek_line(line: str, state: MarkdownState, base: str = "") -> Fragments:
     return inline(line, base)
 
 
+def cut(text: str, room: int) -> tuple[str, str, int]:
+    """The longest head of `text` that fits in `room` terminal cells (at least one character,
+    so a wide character in a 1-cell room still moves on), the rest, and the cells used.
+    Wide (CJK, emoji) characters take two cells, combining marks none."""
+    if text.isascii():
+        return text[:room], text[room:], min(room, len(text))
+    used = 0
+    for i, ch in enumerate(text):
+        w = get_cwidth(ch)
+        if used + w > room and i > 0:
+            return text[:i], text[i:], used
+        used += w
+    return text, "", used
+
+
 def wrap(fragments: Fragments, width: int) -> list[Fragments]:
-    """Rows of at most `width` characters (an empty line is one empty row)."""
+    """Rows of at most `width` terminal cells (an empty line is one empty row)."""
     width = max(1, width)
     rows: list[Fragments] = []
     row: Fragments = []
@@ -88,8 +105,13 @@ def wrap(fragments: Fragments, width: int) -> list[Fragments]:
                 rows.append(row)
                 row, used = [], 0
                 room = width
-            piece, text = text[:room], text[room:]
+            piece, rest, cells = cut(text, room)
+            if cells > room and row:  # a wide character that does not fit: next row
+                rows.append(row)
+                row, used = [], 0
+                continue
+            text = rest
             row.append((style, piece))
-            used += len(piece)
+            used += cells
     rows.append(row)
     return rows

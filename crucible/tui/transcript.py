@@ -87,9 +87,12 @@ class TextEntry(Entry):
 
     def _sliced_reversed(self, text: str, width: int) -> Iterator[Fragments]:
         style = f"{self.base} class:md.code" if self.state.in_code else self.base
-        count = max(1, (len(text) + width - 1) // width)
-        for i in range(count - 1, -1, -1):
-            yield [(style, text[i * width:(i + 1) * width])]
+        if text.isascii():
+            count = max(1, (len(text) + width - 1) // width)
+            for i in range(count - 1, -1, -1):
+                yield [(style, text[i * width:(i + 1) * width])]
+            return
+        yield from reversed(wrap([(style, text)], width))
 
     def rows_reversed(self, width: int) -> Iterator[Fragments]:
         width = max(1, width)

@@ -155,6 +155,20 @@ def test_transcript_shows_the_newest_rows_and_scrolls() -> None:
     assert "line 99" not in "".join(f[1] for i in range(5) for f in content.get_line(i))
 
 
+def test_wrap_counts_terminal_cells_for_wide_characters() -> None:
+    from prompt_toolkit.utils import get_cwidth
+
+    rows = wrap([("a", "日本語のノート"), ("b", "ok")], 6)  # 7 wide characters = 14 cells, then 2
+    assert ["".join(t for _, t in row) for row in rows] == ["日本語", "のノー", "トok"]
+    assert all(sum(get_cwidth(t) for _, t in row) <= 6 for row in rows)
+    # A wide character never straddles the edge: an odd width leaves a cell free.
+    assert ["".join(t for _, t in row) for row in wrap([("a", "x日本")], 2)] == ["x", "日", "本"]
+    # Combining marks take no cell: "é" as e + U+0301 is one cell.
+    assert wrap([("a", "cafe\u0301s")], 5) == [[("a", "cafe\u0301s")]]
+    # Width 1 still makes progress on a wide character.
+    assert len(wrap([("a", "日本")], 1)) == 2
+
+
 def test_a_huge_streaming_line_is_wrapped_by_slicing() -> None:
     control = TranscriptControl()
     entry = TextEntry("agent")
