@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -326,12 +327,17 @@ class CrucibleKilnBackend:
 
     # --- changes --------------------------------------------------------------------------
 
-    async def watch_changes(self, on_change: ChangeFn) -> None:
+    async def watch_changes(self, on_change: ChangeFn, on_armed: Callable[[], None] | None = None) -> None:
         """Changed notes, as the kiln's one watcher sees them; the index (once open) is
         updated before `on_change` hears of them."""
+        import trio
+
         from crucible.kiln.watcher import watch_kiln
 
-        await watch_kiln(self.root, lambda: self._index, on_change=on_change)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(watch_kiln, self.root, lambda: self._index, on_change=on_change))
+            if on_armed is not None:
+                on_armed()
 
 
 def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:

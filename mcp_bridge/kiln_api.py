@@ -174,6 +174,7 @@ class KilnBackend(Protocol):
 
     def kiln_stats(self) -> KilnStats: ...
 
-    async def watch_changes(self, on_change: ChangeFn) -> None:
-        """Run until cancelled, calling `on_change` with the notes that changed on disk."""
+    async def watch_changes(self, on_change: ChangeFn, on_armed: Callable[[], None] | None = None) -> None:
+        """Run until cancelled, calling `on_change` with the notes that changed on disk, and
+        `on_armed` once the watch is in place (no change made after that is missed)."""
         ...

@@ -51,6 +51,8 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # the server's retry, else after 1 s, get 404 and give up. Gemini stays alive until then, so
 # this is how long it takes to exit after a session. Reconnects are bounded (2) by the clients.
 SSE_RETRY_MS = 50
+# How long a subscription waits for the bridge's own watcher to be armed (it takes ~0.2 s).
+WATCHER_ARM_WAIT = 10.0
 
 Decision = Literal["allow", "ask", "deny"]
 Policy = Callable[[str], Decision]
@@ -125,10 +127,18 @@ class BridgeServer:
         # Legacy-era `resources/subscribe`: uri -> sessions; 2026-era `subscriptions/listen`: the bus.
         self._subscribers: dict[str, list[ServerSession]] = {}
         self._bus = InMemorySubscriptionBus()
+        self._awaits_watcher = False
+        self._watch_armed = anyio.Event()
+        listen = ListenHandler(self._bus)
+
+        async def _listen(ctx: ServerRequestContext[Any], params: Any) -> Any:
+            await self._until_watching()  # the ack goes out once changes can be heard
+            return await listen(ctx, params)
+
         handlers: dict[str, Any] = {
             "on_list_tools": self._list_tools,
             "on_call_tool": self._call_tool,
-            "on_subscriptions_listen": ListenHandler(self._bus),
+            "on_subscriptions_listen": _listen,
         }
         if backend is not None:
             handlers |= {
@@ -265,6 +275,7 @@ class BridgeServer:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         uri_to_path(str(params.uri))
+        await self._until_watching()
         sessions = self._subscribers.setdefault(str(params.uri), [])
         if ctx.session not in sessions:
             sessions.append(ctx.session)
@@ -295,9 +306,21 @@ class BridgeServer:
         if self.backend is None:
             return
         try:
-            await self.backend.watch_changes(self.notes_changed)
+            await self.backend.watch_changes(self.notes_changed, on_armed=self._watch_armed.set)
         except Exception as exc:  # e.g. the OS's file-watch limit: serve on, without notifications
             logger.warning("not watching the kiln for changes: %s", self.backend.redact(str(exc)))
+        finally:
+            self._watch_armed.set()  # nobody waits for a watcher that is gone
+
+    def expect_watcher(self) -> None:
+        """This bridge runs its own watcher (`run_watcher`, started next): subscriptions wait
+        until it is armed, so a change made right after subscribing is not missed."""
+        self._awaits_watcher = True
+
+    async def _until_watching(self) -> None:
+        if self._awaits_watcher:
+            with anyio.move_on_after(WATCHER_ARM_WAIT):
+                await self._watch_armed.wait()
 
     # --- prompts ----------------------------------------------------------------------
 
@@ -325,6 +348,7 @@ class BridgeServer:
         from mcp.server.stdio import stdio_server
 
         async with anyio.create_task_group() as tg, _native_stdio() as native:
+            self.expect_watcher()
             tg.start_soon(self.run_watcher)
             stdin, stdout = native or (None, None)
             async with stdio_server(stdin, stdout) as (read_stream, write_stream):
@@ -552,6 +576,7 @@ class BridgeHTTP:
             m.cancel = scope
             async with m.manager.run(), anyio.create_task_group() as tg:
                 if watch:
+                    m.bridge.expect_watcher()
                     tg.start_soon(m.bridge.run_watcher)
                 task_status.started()
                 await anyio.sleep_forever()

@@ -237,7 +237,9 @@ class FakeBackend:
                          total_size_bytes=0, markdown_size_bytes=0, tags=0, links=0, last_modified=None,
                          index={"opened": self.opened})
 
-    async def watch_changes(self, on_change: ChangeFn) -> None:
+    async def watch_changes(self, on_change: ChangeFn, on_armed: Any = None) -> None:
+        if on_armed is not None:
+            on_armed()
         await trio.sleep_forever()
 
 

@@ -239,7 +239,7 @@ async def test_a_tools_own_timeout_error_is_not_reported_as_ours() -> None:
 
 async def test_a_failing_watcher_does_not_stop_the_server() -> None:
     class NoWatch(FakeBackend):
-        async def watch_changes(self, on_change: Any) -> None:
+        async def watch_changes(self, on_change: Any, on_armed: Any = None) -> None:
             raise OSError("OS file watch limit reached under /home/someone/notes")
 
     bridge = BridgeServer(NoWatch())
