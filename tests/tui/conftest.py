@@ -57,17 +57,28 @@ class Screen:
             if callable(what) and not isinstance(what, re.Pattern):
                 ok = what(shown)
             elif isinstance(what, re.Pattern):
-                ok = what.search(shown) is not None
+                ok = what.search(shown) is not None or what.search(self.unwrapped()) is not None
             else:
-                ok = what in shown
+                ok = what in shown or what in self.unwrapped()
             if ok:
                 return shown
             if not alive or time.monotonic() > deadline:
                 raise AssertionError(f"the screen never showed {what!r} (alive={alive}); it shows:\n{shown}")
 
+    def unwrapped(self) -> str:
+        """The screen read as one paragraph, so a text the chat wrapped (a long path pushes
+        words to the next row) is found whole: a row cut mid-word (it fills the width) joins
+        the next as is, a row broken at a space joins it with one space."""
+        rows = [line.rstrip() for line in self.screen.display]
+        return "".join(row + ("" if len(row) >= self.screen.columns else " ") for row in rows)
+
     def wait_all(self, *texts: str, timeout: float = 30) -> str:
-        """Wait until every text is on screen (a frame may arrive in several reads)."""
-        return self.wait_for(lambda s: all(t in s for t in texts), timeout=timeout)
+        """Wait until every text is on screen (a frame may arrive in several reads), each
+        either on one row or wrapped across full rows."""
+        def shown(s: str) -> bool:
+            flat = self.unwrapped()
+            return all(t in s or t in flat for t in texts)
+        return self.wait_for(shown, timeout=timeout)
 
     def send(self, keys: str | bytes) -> None:
         self.child.send(keys)
