@@ -21,6 +21,7 @@ from ruamel.yaml.error import YAMLError
 
 from crucible.errors import CrucibleError
 from crucible.permissions import Rule, normalize_rule
+from mcp_bridge import BRIDGE_NAME
 
 BUILTIN_CARDS_DIR = Path(__file__).resolve().parent.parent / "cards"
 
@@ -71,8 +72,6 @@ class CardMcpServer(BaseModel):
 
     @model_validator(mode="after")
     def _transport(self) -> CardMcpServer:
-        from crucible.sessions import BRIDGE_NAME
-
         who = f"MCP server {self.name!r}"
         if not _SERVER_NAME.fullmatch(self.name):
             raise ValueError(f"{who}: a name is letters, digits, '-' and '_' (agents build tool names from it)")
@@ -92,7 +91,8 @@ class CardMcpServer(BaseModel):
         else:
             if self.type == "stdio":
                 raise ValueError(f"{who}: type 'stdio' needs `command`, not `url`")
-            if not str(self.url).startswith(("http://", "https://")):
+            # A url from the environment (`{env:DOCS_URL}`) is checked once filled in.
+            if not str(self.url).startswith(("http://", "https://", "{env:")):
                 raise ValueError(f"{who}: `url` must start with http:// or https://")
             if self.args or self.env:
                 raise ValueError(f"{who}: `args` and `env` are for `command` servers; a `url` server takes `headers`")
@@ -174,6 +174,12 @@ class Card(BaseModel):
                         "give the server a `command` the agent can start (stdio, which every agent takes), "
                         f"or run the card with an agent that supports {server.type} MCP servers "
                         "(the card's `agent:` or `cru chat -a`)")
+                if not filled["url"].startswith(("http://", "https://")):
+                    raise CardError(
+                        f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r} is "
+                        f"{filled['url']!r} once filled in from the environment, not an http:// or https:// address",
+                        f"set the variable to the server's address (http://host:port/path), or change "
+                        f"mcp_servers[{i}].url in card {self.file or self.name}")
                 headers = [HttpHeader(name=k, value=v) for k, v in filled["headers"].items()]
                 if server.type == "sse":
                     entry = SseMcpServer(type="sse", name=server.name, url=filled["url"], headers=headers)

@@ -35,6 +35,7 @@ from crucible.permissions import (
     tool_key_from_acp,
 )
 from crucible.session_store import SessionMeta, SessionStore, SessionWriter, new_session_id
+from mcp_bridge import BRIDGE_NAME
 
 if TYPE_CHECKING:
     # acp_host.session pulls in acp.schema (~1 s): imported where needed, after the agent is
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from crucible.delegation import ChildEventHook, Delegation
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
-BRIDGE_NAME = "crucible"
 TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"
 # How long after session/new we still wait for the agent's first tools/list on the bridge.
 # All three real agents list tools *during* session/new, so this is only a small grace.

@@ -6,6 +6,7 @@ card's servers too; a transport the agent did not advertise is refused with what
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,17 @@ def test_a_missing_variable_says_which_card_server_and_variable_and_what_to_do()
         "card kiln:helper.md: mcp_servers[0].env.ECHO_MCP_RESULT refers to the environment variable "
         "CARD_SECRET, which is not set (needed to start the card's MCP server 'echo')")
     assert err.value.fix == "set CARD_SECRET in the environment, or change mcp_servers[0].env.ECHO_MCP_RESULT in card kiln:helper.md"
+
+
+def test_a_url_from_the_environment_is_checked_once_filled_in() -> None:
+    c = parse_card(card('mcp_servers:\n  - name: docs\n    url: "{env:DOCS_URL}"\n'), "kiln:docs.md", origin="kiln")
+    ok = c.acp_mcp_servers(caps(http=True), "opencode", env={"DOCS_URL": "http://127.0.0.1:9/mcp"})
+    assert ok[0]["url"] == "http://127.0.0.1:9/mcp"
+    with pytest.raises(CardError) as err:
+        c.acp_mcp_servers(caps(http=True), "opencode", env={"DOCS_URL": "127.0.0.1:9/mcp"})
+    assert err.value.message == ("card kiln:docs.md: mcp_servers[0].url of MCP server 'docs' is '127.0.0.1:9/mcp' "
+                                 "once filled in from the environment, not an http:// or https:// address")
+    assert err.value.fix is not None and err.value.fix.startswith("set the variable to the server's address")
 
 
 def test_a_transport_the_agent_did_not_advertise_is_refused() -> None:
@@ -274,3 +286,68 @@ mcp_servers:
     assert [c["query"] for c in calls] == ["sourdough"]
     assert f"Best match: notes/{SECRET}.md" in results, results
     assert "FINAL: the echo server answered." in res.stdout
+
+
+@pytest.mark.real_agent
+def test_opencode_reaches_a_cards_http_server_with_its_token(
+    tmp_path: Path, fixture_kiln_src: Path, cru_bin: str
+) -> None:
+    """A card names a team's docs kiln served by `cru mcp --http` (another process, with its
+    own bearer token); OpenCode connects to it over streamable HTTP and reads a note there."""
+    sys.path.insert(0, str(REPO / "fixtures"))
+    import agent_env
+    import netns
+    from fake_llm import FakeLLM, Reply
+
+    reason = agent_env.ensure_npm()
+    if reason is not None:
+        pytest.skip(reason)
+    kiln = tmp_path / "kiln"
+    shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+    (kiln / ".crucible" / "agents").mkdir(parents=True)
+    (kiln / ".crucible" / "agents" / "docs.md").write_text(card("""\
+mcp_servers:
+  - name: docs
+    url: "{env:DOCS_URL}"
+    headers: {Authorization: "Bearer {env:DOCS_TOKEN}"}
+"""), encoding="utf-8")
+    docs = tmp_path / "team-docs"
+    docs.mkdir()
+    (docs / "Style guide.md").write_text("# Style guide\nHeadings use sentence case. Code word: quokka-41.\n",
+                                         encoding="utf-8")
+    config = tmp_path / "config.toml"
+    config.write_text("", encoding="utf-8")
+    with FakeLLM() as llm:
+        _, env = agent_env.agent_launch("opencode", llm.url, tmp_path / "home")
+        env["CRUCIBLE_CONFIG"] = str(config)
+        server = subprocess.Popen([cru_bin, "mcp", "--kiln", str(docs), "--http", "--port", "0"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env=env, text=True)
+        try:
+            assert server.stderr is not None
+            banner = ""
+            while "token: " not in banner:
+                line = server.stderr.readline()
+                assert line, f"cru mcp --http exited: {banner}"
+                banner += line
+            url = re.search(r"http://127\.0\.0\.1:(\d+)/\S+", banner)
+            token = re.search(r"token: (\S+)", banner)
+            assert url and token, banner
+            env |= {"DOCS_URL": url.group(0), "DOCS_TOKEN": token.group(1)}
+            llm.push(Reply.tool_call("read_note", {"path": "Style guide.md"}, server="docs"),
+                     Reply.text_reply("FINAL: headings use sentence case."))
+            argv = [cru_bin, "chat", "-a", "opencode", "--card", "docs", "--kiln", str(kiln),
+                    "-p", "How do our docs write headings?"]
+            if netns.unavailable_reason() is None:
+                argv = netns.wrap(argv, [llm.port, int(url.group(1))])
+            res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+            offered = llm.main_requests()[0].tool_names() if llm.main_requests() else []
+            results = "\n".join(llm.tool_result_texts())
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "docs_read_note" in offered and "crucible_read_note" in offered, offered
+    # The note came from the other kiln, over HTTP, through the card's token.
+    assert "Code word: quokka-41." in results, results
+    assert "FINAL: headings use sentence case." in res.stdout
