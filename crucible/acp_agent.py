@@ -211,6 +211,7 @@ class ProxySession:
     backend_commands: list[Any] = field(default_factory=list)
     backend_options: list[Any] = field(default_factory=list)
     commands_sent: bool = False
+    warnings_told: int = 0  # how many of the session's warnings the editor has been shown
     close_requested: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -708,6 +709,7 @@ class AcpAgentServer:
         text, extra = self._split_blocks(proxy, blocks)
         if proxy.cs.acp is not None and proxy.cs.acp.turn_running:
             raise JsonRpcError(INVALID_PARAMS, "a turn is already running in this session; cancel it first")
+        await self._tell_warnings(proxy)
         ended = await self._turn(proxy, text, extra)
         if ended.error is not None:
             raise JsonRpcError(INTERNAL_ERROR, ended.error)
@@ -801,6 +803,15 @@ class AcpAgentServer:
         for h in hits:
             lines.append(f"- {h.get('title') or h.get('path')} ({h.get('path')}): {h.get('snippet', '')}".rstrip(": "))
         return "\n".join(lines)
+
+    async def _tell_warnings(self, proxy: ProxySession) -> None:
+        """The session's warnings not yet shown (a card mode the agent lacks, an editor MCP
+        server left out, …), as the first lines of the turn: an editor shows session updates
+        in the thread, and outside a turn some drop them."""
+        new = proxy.cs.warnings[proxy.warnings_told:]
+        if new:
+            proxy.warnings_told += len(new)
+            await self._say(proxy, "".join(f"⚠ Crucible: {w}\n\n" for w in new))
 
     async def _say(self, proxy: ProxySession, text: str) -> None:
         assert self.peer is not None

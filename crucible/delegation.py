@@ -314,7 +314,7 @@ class Delegation:
         try:
             hook(event)
         except Exception as exc:  # a display bug must not break the child
-            self.session.warnings.append(f"the child event hook failed: {type(exc).__name__}: {exc}")
+            self.session.warn(f"the child event hook failed: {type(exc).__name__}: {exc}")
 
     def redact(self, text: str) -> str:
         opts = self.session.opts

@@ -194,7 +194,7 @@ class CrucibleSession:
         self.bridge: BridgeServer | None = None
         self.bridge_transport = ""
         self.bridge_listed = trio.Event()
-        self.warnings: list[str] = []
+        self.warnings: list[str] = []  # for the person: shown by `cru chat`, sent to the editor by `cru acp`
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
         self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
         # Told of what happens outside the ACP event stream (the bridge asking the person).
@@ -227,6 +227,11 @@ class CrucibleSession:
         if key.bridge and decision.kind.startswith("allow"):
             self._preapproved[key.name] = self._preapproved.get(key.name, 0) + 1
         return decision
+
+    def warn(self, message: str) -> None:
+        """Something the person should know that does not stop the session; saved with it."""
+        self.warnings.append(message)
+        self.writer.append({"type": "warning", "message": message})
 
     def bridge_policy(self, tool: str) -> str:
         return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
@@ -454,7 +459,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 entry = _bridge_entry(client, host.url(base), token)
                 session.bridge_transport = "http" if "url" in entry else "stdio"
                 card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
-                servers = [entry, *card_servers, *opts.extra_mcp_servers]
+                servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
                 acp = await _start_acp_session(session, client, servers)
                 session.acp = acp
                 writer.meta.agent_session_id = acp.session_id
@@ -463,10 +468,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 with trio.move_on_after(BRIDGE_GRACE):
                     await session.bridge_listed.wait()
                 if not session.bridge_listed.is_set():
-                    msg = (f"the agent never listed the kiln tools on the crucible bridge "
-                           f"({session.bridge_transport}); it will run without them")
-                    session.warnings.append(msg)
-                    writer.append({"type": "warning", "message": msg})
+                    session.warn(f"the agent never listed the kiln tools on the crucible bridge "
+                                 f"({session.bridge_transport}); it will run without them")
                 async with delegation.running():
                     yield session
             except JsonRpcError as exc:
@@ -481,6 +484,24 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     finally:
         host.unmount(opts.kiln, bridge, base)
         writer.close()
+
+
+def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
+               ours: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The editor's MCP servers whose names the bridge or the card's servers do not take.
+    Two servers of one name reach the agent as one (which, depends on the agent), so the
+    editor's is left out, with a warning: most likely it is `cru mcp` on the same kiln."""
+    taken = {s.get("name") for s in ours}
+    kept = []
+    for server in extra:
+        name = server.get("name") if isinstance(server, dict) else None
+        if name in taken:
+            whose = "Crucible's kiln bridge" if name == BRIDGE_NAME else "an MCP server of the card"
+            session.warn(f"left out the editor's MCP server {name!r}: {whose} has that name "
+                         f"(rename it in the editor's settings to give the agent both)")
+            continue
+        kept.append(server)
+    return kept
 
 
 async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> None:
@@ -512,8 +533,7 @@ async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> Non
             problems.append(f"card {card.name} asks for model {card.model!r}; the agent offers: "
                             f"{', '.join(values) or 'no model choice'}")
     for problem in problems:
-        session.warnings.append(problem)
-        session.writer.append({"type": "warning", "message": problem})
+        session.warn(problem)
 
 
 def _option_values(option: Any) -> list[str]:
@@ -554,8 +574,6 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
                 # The agent lost its own copy (cleared storage, another machine): the conversation
                 # still goes on, from Crucible's transcript handed over as context.
                 session.resumed_natively = False
-                msg = (f"the agent could not reopen its session ({exc.message}); "
-                       f"started a new one with the saved conversation as context")
-                session.warnings.append(msg)
-                session.writer.append({"type": "warning", "message": msg})
+                session.warn(f"the agent could not reopen its session ({exc.message}); "
+                             f"started a new one with the saved conversation as context")
     return await client.new_session(opts.cwd, servers, **kw)

@@ -98,7 +98,7 @@ def test_the_session_id_is_replaced_however_the_backend_writes_its_frames(acp: A
         _frame({"sessionId": BACKEND_ID, "update": tool}),
         _frame({"sessionId": BACKEND_ID, "update": expected[8]}) + "\r",  # CRLF line ends
     ]
-    acp.script({"new_session": {"sessionId": BACKEND_ID},
+    acp.script({"new_session": {"sessionId": BACKEND_ID, "list_mcp_tools": True},
                 "prompts": [[{"raw": line} for line in lines]]})
     editor = Editor()
     sid, stop = run(acp, editor, prompt_once(acp), acp.agent_command, str(acp.script_path))

@@ -73,7 +73,8 @@ def test_a_backend_that_cannot_start_fails_session_new_with_the_fix(acp: AcpSetu
 
 def test_a_prompt_streams_and_every_update_passes_through(acp: AcpSetup) -> None:
     acp.script({
-        "new_session": {"after": [{"commands": [{"name": "compact", "description": "Compact the context"}]}]},
+        "new_session": {"list_mcp_tools": True,
+                        "after": [{"commands": [{"name": "compact", "description": "Compact the context"}]}]},
         "prompts": [[
             {"text": "Hello "}, {"thought": "thinking"}, {"text": "world"},
             {"update": {"sessionUpdate": "future_widget", "payload": {"x": 1}}},
@@ -237,6 +238,44 @@ def test_the_editors_mcp_server_reaches_the_backend(acp: AcpSetup) -> None:
     result = acp.results("call")[0]
     assert "Best match" in json.dumps(result), result
     assert json.loads(calls.read_text().splitlines()[0])["query"] == "sourdough"
+
+
+def test_an_editor_server_named_like_the_bridge_is_left_out_and_the_editor_is_told(acp: AcpSetup) -> None:
+    # A person who added `cru mcp` to the editor as "crucible" and then uses `cru acp`: the
+    # agent gets one "crucible" (the session's bridge), and the first turn says why.
+    calls = acp.tmp / "echo-calls.jsonl"
+    acp.script({"new_session": {"list_mcp_tools": True}, "prompts": [[{"text": "ok"}], [{"text": "again"}]]})
+    editor = Editor()
+    clash = McpServerStdio(name="crucible", command=sys.executable, args=[str(ECHO_MCP), "--log", str(calls)], env=[])
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[clash])
+        for words in ("hi", "more"):
+            resp = await conn.prompt(session_id=new.session_id, prompt=text(words))
+            assert resp.stop_reason == "end_turn"
+        return str(new.session_id)
+
+    sid = run(acp, editor, body)
+    new = next(e["frame"] for e in acp.log() if e.get("kind") == "in" and e["frame"].get("method") == "session/new")
+    assert [s["name"] for s in new["params"]["mcpServers"]] == ["crucible"]
+    assert "url" in new["params"]["mcpServers"][0]  # the bridge, not the editor's stdio server
+    warning = ("⚠ Crucible: left out the editor's MCP server 'crucible': Crucible's kiln bridge has that name "
+               "(rename it in the editor's settings to give the agent both)\n\n")
+    assert editor.text(sid) == warning + "ok" + "again"  # told once, before the first turn's answer
+
+
+def test_an_agent_that_never_lists_the_kiln_tools_is_named_in_the_first_turn(acp: AcpSetup) -> None:
+    acp.script({"prompts": [[{"text": "ok"}]]})  # never connects to its MCP servers
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=text("hi"))
+        return str(new.session_id)
+
+    sid = run(acp, editor, body)
+    assert editor.text(sid) == ("⚠ Crucible: the agent never listed the kiln tools on the crucible bridge (http); "
+                                "it will run without them\n\nok")
 
 
 def test_cancel_answers_the_pending_permission_cancelled_on_both_sides(acp: AcpSetup) -> None:
