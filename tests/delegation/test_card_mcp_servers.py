@@ -240,12 +240,10 @@ def test_a_delegated_child_gets_its_cards_servers(setup: Setup) -> None:
 # ---- a real agent -------------------------------------------------------------------------------
 
 
-@pytest.mark.real_agent
-def test_opencode_calls_a_tool_on_the_cards_server(tmp_path: Path, fixture_kiln_src: Path, cru_bin: str) -> None:
+def kiln_for_opencode(tmp_path: Path, fixture_kiln_src: Path) -> Path:
+    """The fixture kiln with an empty card folder, once the npm agents are installed (else skip)."""
     sys.path.insert(0, str(REPO / "fixtures"))
     import agent_env
-    import netns
-    from fake_llm import FakeLLM, Reply
 
     reason = agent_env.ensure_npm()
     if reason is not None:
@@ -253,6 +251,16 @@ def test_opencode_calls_a_tool_on_the_cards_server(tmp_path: Path, fixture_kiln_
     kiln = tmp_path / "kiln"
     shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
     (kiln / ".crucible" / "agents").mkdir(parents=True)
+    return kiln
+
+
+@pytest.mark.real_agent
+def test_opencode_calls_a_tool_on_the_cards_server(tmp_path: Path, fixture_kiln_src: Path, cru_bin: str) -> None:
+    kiln = kiln_for_opencode(tmp_path, fixture_kiln_src)
+    import agent_env
+    import netns
+    from fake_llm import FakeLLM, Reply
+
     (kiln / ".crucible" / "agents" / "echoer.md").write_text(card(f"""\
 mcp_servers:
   - name: echo
@@ -294,17 +302,11 @@ def test_opencode_reaches_a_cards_http_server_with_its_token(
 ) -> None:
     """A card names a team's docs kiln served by `cru mcp --http` (another process, with its
     own bearer token); OpenCode connects to it over streamable HTTP and reads a note there."""
-    sys.path.insert(0, str(REPO / "fixtures"))
+    kiln = kiln_for_opencode(tmp_path, fixture_kiln_src)
     import agent_env
     import netns
     from fake_llm import FakeLLM, Reply
 
-    reason = agent_env.ensure_npm()
-    if reason is not None:
-        pytest.skip(reason)
-    kiln = tmp_path / "kiln"
-    shutil.copytree(fixture_kiln_src, kiln, ignore=shutil.ignore_patterns(".crucible"))
-    (kiln / ".crucible" / "agents").mkdir(parents=True)
     (kiln / ".crucible" / "agents" / "docs.md").write_text(card("""\
 mcp_servers:
   - name: docs
