@@ -40,6 +40,9 @@ class CardDelegation(BaseModel):
 _SERVER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
+_HTTP_SCHEMES = ("http://", "https://")
+
+
 class CardMcpServer(BaseModel):
     """An MCP server the card gives its agent, as a card author writes it:
     `command` (+ `args`, `env`) for a local program over stdio, or `url` (+ `headers`) for
@@ -92,7 +95,7 @@ class CardMcpServer(BaseModel):
             if self.type == "stdio":
                 raise ValueError(f"{who}: type 'stdio' needs `command`, not `url`")
             # A url from the environment (`{env:DOCS_URL}`) is checked once filled in.
-            if not str(self.url).startswith(("http://", "https://", "{env:")):
+            if not str(self.url).startswith((*_HTTP_SCHEMES, "{env:")):
                 raise ValueError(f"{who}: `url` must start with http:// or https://")
             if self.args or self.env:
                 raise ValueError(f"{who}: `args` and `env` are for `command` servers; a `url` server takes `headers`")
@@ -174,7 +177,7 @@ class Card(BaseModel):
                         "give the server a `command` the agent can start (stdio, which every agent takes), "
                         f"or run the card with an agent that supports {server.type} MCP servers "
                         "(the card's `agent:` or `cru chat -a`)")
-                if not filled["url"].startswith(("http://", "https://")):
+                if not filled["url"].startswith(_HTTP_SCHEMES):
                     raise CardError(
                         f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r} is "
                         f"{filled['url']!r} once filled in from the environment, not an http:// or https:// address",

@@ -54,12 +54,7 @@ class Screen:
         while True:
             alive = self.pump()
             shown = self.text()
-            if callable(what) and not isinstance(what, re.Pattern):
-                ok = what(shown)
-            elif isinstance(what, re.Pattern):
-                ok = what.search(shown) is not None or what.search(self.unwrapped()) is not None
-            else:
-                ok = what in shown or what in self.unwrapped()
+            ok = what(shown) if callable(what) and not isinstance(what, re.Pattern) else self.shows(what, shown)
             if ok:
                 return shown
             if not alive or time.monotonic() > deadline:
@@ -72,13 +67,15 @@ class Screen:
         rows = [line.rstrip() for line in self.screen.display]
         return "".join(row + ("" if len(row) >= self.screen.columns else " ") for row in rows)
 
+    def shows(self, what: str | re.Pattern[str], shown: str) -> bool:
+        """`what` is in `shown` (the screen's rows), on one row or wrapped over several."""
+        if isinstance(what, re.Pattern):
+            return any(what.search(s) is not None for s in (shown, self.unwrapped()))
+        return what in shown or what in self.unwrapped()
+
     def wait_all(self, *texts: str, timeout: float = 30) -> str:
-        """Wait until every text is on screen (a frame may arrive in several reads), each
-        either on one row or wrapped across full rows."""
-        def shown(s: str) -> bool:
-            flat = self.unwrapped()
-            return all(t in s or t in flat for t in texts)
-        return self.wait_for(shown, timeout=timeout)
+        """Wait until every text is on screen (a frame may arrive in several reads)."""
+        return self.wait_for(lambda s: all(self.shows(t, s) for t in texts), timeout=timeout)
 
     def send(self, keys: str | bytes) -> None:
         self.child.send(keys)
