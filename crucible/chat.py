@@ -81,14 +81,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return result
 
 
-def cmd_session_create(args: argparse.Namespace) -> int:
-    """`cru session create --agent CARD`: a session from a card, as `cru chat --card CARD`."""
-    ns = argparse.Namespace(**{**vars(args), "card": args.agent, "agent": None, "agent_command": None,
-                               "cwd": None, "prompt": None, "format": "text", "approve_all": False,
-                               "deny_all": False, "record": None, "resume": None})
-    return cmd_chat(ns)
-
-
 # -- headless --------------------------------------------------------------------------------
 
 

@@ -23,11 +23,11 @@ HANDLERS: dict[str, str] = {
     "doctor": "crucible.doctor:cmd_doctor",
     "cards.list": "crucible.cards:cmd_list",
     "cards.show": "crucible.cards:cmd_show",
-    "session.list": "crucible.session_store:cmd_list",
-    "session.show": "crucible.session_store:cmd_show",
-    "session.resume": "crucible.session_store:cmd_resume",
-    "session.export": "crucible.session_store:cmd_export",
-    "session.create": "crucible.chat:cmd_session_create",
+    "session.list": "crucible.session_commands:cmd_list",
+    "session.show": "crucible.session_commands:cmd_show",
+    "session.resume": "crucible.session_commands:cmd_resume",
+    "session.export": "crucible.session_commands:cmd_export",
+    "session.create": "crucible.session_commands:cmd_session_create",
 }
 
 
