@@ -10,17 +10,17 @@ object per event on stdout instead. Permission requests follow `--approve-all` /
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import sys
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from crucible.errors import CrucibleError
+
+if TYPE_CHECKING:
+    from crucible.renderers import HeadlessPrinter
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -84,75 +84,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 # -- headless --------------------------------------------------------------------------------
 
 
-def event_json(event: Any) -> dict[str, Any]:
-    """A session event as one JSON object with a `type` (the event class in snake case)."""
-    name = type(event).__name__
-    kind = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
-    data: dict[str, Any] = asdict(event) if is_dataclass(event) and not isinstance(event, type) else {}
-    return {"type": kind, **json.loads(json.dumps(data, default=_json_default))}
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return str(value)
-
-
-class HeadlessPrinter:
-    def __init__(self, fmt: str, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
-        self.fmt = fmt
-        self.out = out
-        self.err = err
-        self._ended_line = True
-
-    def note(self, text: str) -> None:
-        if self.fmt == "json":
-            self.out.write(json.dumps({"type": "note", "message": text}) + "\n")
-            self.out.flush()
-        else:
-            self.err.write(f"{text}\n")
-            self.err.flush()
-
-    def show(self, event: Any) -> None:
-        from acp_host.session import (
-            MessageChunk,
-            PermissionResolved,
-            SessionError,
-            ToolCallEvent,
-            TurnEnded,
-        )
-        from crucible.terminal import sanitize
-
-        if self.fmt == "json":
-            self.out.write(json.dumps(event_json(event), ensure_ascii=False) + "\n")
-            self.out.flush()
-            return
-        if isinstance(event, MessageChunk):
-            self.out.write(sanitize(event.text))
-            self.out.flush()
-            self._ended_line = event.text.endswith("\n")
-        elif isinstance(event, ToolCallEvent):
-            c = event.call
-            if event.created or c.status in ("completed", "failed"):
-                status = c.status or "pending"
-                self.err.write(sanitize(f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {status}") + "\n")
-        elif isinstance(event, PermissionResolved):
-            decision = event.decision.kind if event.decision else event.outcome.get("outcome", "")
-            reason = event.decision.reason if event.decision else event.note
-            title = event.request.tool_call.title or event.request.tool_call.tool_call_id
-            self.err.write(sanitize(f"[permission] {title}: {decision} ({reason})") + "\n")
-        elif isinstance(event, SessionError):
-            self.err.write(sanitize(f"[error] {event.message}") + "\n")
-        elif isinstance(event, TurnEnded):
-            if not self._ended_line:
-                self.out.write("\n")
-                self.out.flush()
-        self.err.flush()
-
-
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
     # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
     # it boots while we import.
+    from crucible.renderers import HeadlessPrinter
     from crucible.sessions import preload, spawn_agent
 
     printer = HeadlessPrinter(fmt)
@@ -166,7 +101,7 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
 
 async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any) -> tuple[Any, bool]:
     from acp_host.session import TurnEnded
-    from crucible.delegation import child_event_printer
+    from crucible.renderers import child_event_printer
     from crucible.sessions import BridgeHost, open_session
 
     cancelled_by_user = False

@@ -22,39 +22,36 @@ policy is `parent.policy.child(card rules)`, so it can never widen what the pare
 ("claude › reviewer").
 
 Events: every child event reaches the parent session's `on_child_event` hook as a
-`ChildEvent` (grandchildren bubble up the same way); `child_event_printer` shows them as
-`[child claude › reviewer] ...` lines for `cru chat -p`.
+`ChildEvent` (crucible/events.py; grandchildren bubble up the same way);
+`crucible.renderers.child_event_printer` shows them as `[child claude › reviewer] ...` lines
+for `cru chat -p`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from acp_host.session import (
     MessageChunk,
-    PermissionResolved,
-    SessionError,
-    ToolCallEvent,
     TurnEnded,
 )
 from crucible.errors import CrucibleError
+from crucible.events import ChildEvent, ChildStatus
 from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
 
 if TYPE_CHECKING:
     from acp_host.registry import AgentSpec
-    from acp_host.session import Event
     from crucible.cards import Card
     from crucible.sessions import BridgeHost, CrucibleSession
 
@@ -72,31 +69,6 @@ JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "ti
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "timed_out"})
 
 DELEGATION_TOOLS = ("delegate_session", "list_jobs", "get_job_result", "cancel_job")
-
-
-# -- events for the host (TUI, -p) -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChildStatus:
-    """A child's life, as the parent sees it (not an ACP event)."""
-
-    status: Literal["queued", "started", "finished", "notice"]
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ChildEvent:
-    """One event of a delegated child (or grandchild), for the parent's `on_child_event`."""
-
-    label: str  # the provenance chain, e.g. "claude › reviewer"
-    job_id: str
-    session_id: str | None  # the child's Crucible session id (None while it is queued)
-    depth: int  # 1 for a child, 2 for a grandchild
-    event: Event | ChildStatus
-
-
-ChildEventHook = Callable[[ChildEvent], None]
 
 
 # -- the tools' arguments and results --------------------------------------------------------
@@ -601,65 +573,7 @@ async def _cancel_job_tool(ctx: ToolContext, args: JobArgs) -> JobInfo:
     return job.info()
 
 
-# -- showing child events in `cru chat -p` ---------------------------------------------------
-
-
 def live_session(session_id: str | None) -> CrucibleSession | None:
     """A running session by its Crucible id (the TUI reads a child's terminal output from it)."""
     delegation = _LIVE.get(session_id) if session_id else None
     return delegation.session if delegation is not None else None
-
-
-def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
-    """`[child claude › reviewer] ...` lines on `err` (text), or one JSON object per child event
-    on `out` (`--format json`: {"type": "child_event", "label", "job", "session", "depth", "event"})."""
-    from crucible.chat import event_json
-    from crucible.terminal import sanitize
-
-    pending: dict[str, str] = {}  # job -> message text not yet ended by a newline
-
-    def line(label: str, text: str) -> None:
-        err.write(sanitize(f"[child {label}] {text}") + "\n")
-        err.flush()
-
-    def flush(ev: ChildEvent) -> None:
-        rest = pending.pop(ev.job_id, "")
-        if rest.strip():
-            line(ev.label, rest)
-
-    def show(ev: ChildEvent) -> None:
-        e = ev.event
-        if fmt == "json":
-            payload = ({"type": "child_status", "status": e.status, "detail": e.detail}
-                       if isinstance(e, ChildStatus) else event_json(e))
-            out.write(json.dumps({"type": "child_event", "label": ev.label, "job": ev.job_id,
-                                  "session": ev.session_id, "depth": ev.depth, "event": payload},
-                                 ensure_ascii=False) + "\n")
-            out.flush()
-            return
-        if isinstance(e, MessageChunk):
-            text = pending.get(ev.job_id, "") + e.text
-            *done, rest = text.split("\n")
-            for part in done:
-                line(ev.label, part)
-            pending[ev.job_id] = rest
-        elif isinstance(e, ToolCallEvent):
-            c = e.call
-            if e.created or c.status in ("completed", "failed"):
-                line(ev.label, f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {c.status or 'pending'}")
-        elif isinstance(e, PermissionResolved):
-            decision = e.decision.kind if e.decision else e.outcome.get("outcome", "")
-            reason = e.decision.reason if e.decision else e.note
-            line(ev.label, f"[permission] {e.request.tool_call.title or e.request.tool_call.tool_call_id}: "
-                           f"{decision} ({reason})")
-        elif isinstance(e, SessionError):
-            line(ev.label, f"[error] {e.message}")
-        elif isinstance(e, TurnEnded):
-            flush(ev)
-        elif isinstance(e, ChildStatus):
-            if e.status == "finished":
-                flush(ev)
-            if e.status != "queued":
-                line(ev.label, f"{e.status}" + (f": {e.detail}" if e.detail else ""))
-
-    return show

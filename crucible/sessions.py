@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from acp_host.session import AcpSession, Decision, Event, PermissionRequest, TurnEnded
     from crucible.cards import Card
     from crucible.config import Config
-    from crucible.delegation import ChildEventHook, Delegation
+    from crucible.delegation import Delegation
+    from crucible.events import ChildEventHook
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
 TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"

@@ -51,8 +51,9 @@ from acp_host.session import (
     TurnEnded,
     UsageChanged,
 )
-from crucible.delegation import ChildEvent, ChildStatus, live_session
+from crucible.delegation import live_session
 from crucible.errors import CrucibleError
+from crucible.events import ChildEvent, ChildStatus
 from crucible.permissions import tool_key_from_acp
 from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_session
 from crucible.terminal import sanitize

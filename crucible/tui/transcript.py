@@ -422,7 +422,7 @@ class ChildSection(Entry):
     def show(self, event: Any) -> None:
         """One of the child's events: an `acp_host.session` event or a `ChildStatus`."""
         from acp_host.session import SessionError, TurnEnded
-        from crucible.delegation import ChildStatus
+        from crucible.events import ChildStatus
 
         if isinstance(event, ChildStatus):
             self.status = child_status_word(event.status, event.detail)
