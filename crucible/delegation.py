@@ -53,7 +53,7 @@ from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
 if TYPE_CHECKING:
     from acp_host.registry import AgentSpec
     from crucible.cards import Card
-    from crucible.sessions import BridgeHost, CrucibleSession
+    from crucible.sessions import BridgeHost, CrucibleSession, OpenSession
 
 # The tool's own timeout is the child's plus this margin, so the child's timeout answers first.
 TOOL_MARGIN_SECS = 30.0
@@ -214,10 +214,12 @@ _LIVE: dict[str, Delegation] = {}
 class Delegation:
     """A session's children and the limits on them. Created by `attach`."""
 
-    def __init__(self, session: CrucibleSession, host: BridgeHost, parent: Delegation | None) -> None:
+    def __init__(self, session: CrucibleSession, host: BridgeHost, parent: Delegation | None,
+                 open_child: OpenSession | None = None) -> None:
         self.session = session
         self.host = host
         self.parent = parent
+        self.open_child = open_child  # `crucible.sessions.open_session`, handed in: it attaches us
         opts = session.opts
         self.config = opts.config.delegation
         card = opts.card
@@ -236,11 +238,13 @@ class Delegation:
 
     # -- wiring --------------------------------------------------------------------------
     @classmethod
-    def attach(cls, session: CrucibleSession, host: BridgeHost) -> Delegation:
+    def attach(cls, session: CrucibleSession, host: BridgeHost, *, open_child: OpenSession,
+               parent: Delegation | None = None) -> Delegation:
         """For `open_session`, before the agent lists its tools: the tools on the session's
-        bridge (when delegation is enabled for it). Then `async with d.running():`."""
-        parent = _LIVE.get(session.opts.parent_id) if session.opts.parent_id else None
-        self = cls(session, host, parent)
+        bridge (when delegation is enabled for it). Then `async with d.running():`.
+        `open_child` opens a child session (`open_session`); `parent` is the delegation of the
+        session that started this one, if any."""
+        self = cls(session, host, parent, open_child)
         session.delegation = self
         if self.enabled and session.bridge is not None:
             for spec in self.tool_specs():
@@ -433,16 +437,10 @@ class Delegation:
         job.settled.set()
 
     async def _run_child(self, job: Job, spec: AgentSpec, card: Card | None, text: str) -> None:
-        from crucible.sessions import SessionOptions, open_session
-
-        p = self.session.opts
-        opts = SessionOptions(
-            agent=spec, kiln=p.kiln, cwd=p.cwd, config=p.config, card=card, asker=p.asker, store=p.store,
-            inactivity_timeout=p.inactivity_timeout, init_timeout=p.init_timeout,
-            parent_policy=self.session.policy, parent_id=self.session.id,
-        )
+        assert self.open_child is not None, "attach() hands the delegation its session opener"
+        opts = self.session.opts.for_child(spec, card, self.session.policy, self.session.id)
         depth = self.depth + 1
-        async with open_session(opts, self.host) as child:
+        async with self.open_child(opts, self.host, parent=self) as child:
             job.child_id = child.id
             child.on_child_event = self.emit  # grandchildren bubble up with their own label
 

@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from crucible.delegation import Delegation
     from crucible.events import ChildEventHook
     from mcp_bridge.server import BridgeHTTP, BridgeServer
+
+# `open_session`'s shape, for the delegation that opens child sessions with it.
+OpenSession = Callable[..., AbstractAsyncContextManager["CrucibleSession"]]
 
 TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"
 # How long after session/new we still wait for the agent's first tools/list on the bridge.
@@ -113,6 +116,16 @@ class SessionOptions:
     resume: str | None = None  # a saved Crucible session id
     # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
     on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+
+    def for_child(self, agent: AgentSpec, card: Card | None, parent_policy: PermissionPolicy,
+                  parent_id: str) -> SessionOptions:
+        """A delegated child's options: the parent's kiln, cwd, config, person (asker), store and
+        timeouts; its own agent and card; its policy bounded by the parent's."""
+        return SessionOptions(
+            agent=agent, kiln=self.kiln, cwd=self.cwd, config=self.config, card=card, asker=self.asker,
+            store=self.store, inactivity_timeout=self.inactivity_timeout, init_timeout=self.init_timeout,
+            parent_policy=parent_policy, parent_id=parent_id,
+        )
 
 
 def _kiln_key(kiln: Path) -> Path:
@@ -407,10 +420,11 @@ def _first_line(text: str) -> str:
 
 
 @asynccontextmanager
-async def open_session(opts: SessionOptions, host: BridgeHost, *,
-                       process: AgentProcess | None = None) -> AsyncIterator[CrucibleSession]:
+async def open_session(opts: SessionOptions, host: BridgeHost, *, process: AgentProcess | None = None,
+                       parent: Delegation | None = None) -> AsyncIterator[CrucibleSession]:
     """Start the agent, its bridge and its ACP session; tear all of them down on exit.
-    `process`: the agent already spawned by `spawn_agent` (it then belongs to this session)."""
+    `process`: the agent already spawned by `spawn_agent` (it then belongs to this session).
+    `parent`: the delegation of the session that delegates to this one."""
     from acp_host.client import connect_agent
     from acp_host.jsonrpc import JsonRpcError
     from acp_host.process import AgentStartError
@@ -440,7 +454,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                           ask=session.bridge_ask, observer=session.on_bridge_event,
                           extra={"session": session})
     session.bridge = bridge
-    delegation = Delegation.attach(session, host)
+    delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
     base = f"/s/{session.id}"
     await host.mount(opts.kiln, bridge, token, base)
