@@ -207,10 +207,6 @@ def handoff_text(parent_label: str, handoff: Handoff | None, prompt: str) -> str
 
 # -- the per-session delegation state --------------------------------------------------------
 
-# Live delegations by Crucible session id: a child finds its parent's (for depth and events).
-_LIVE: dict[str, Delegation] = {}
-
-
 class Delegation:
     """A session's children and the limits on them. Created by `attach`."""
 
@@ -254,7 +250,6 @@ class Delegation:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Delegation]:
         """A nursery for the children; on exit every child is cancelled and its process stopped."""
-        _LIVE[self.session.id] = self
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -265,7 +260,6 @@ class Delegation:
                     nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
-            _LIVE.pop(self.session.id, None)
 
     def tool_specs(self) -> list[ToolSpec]:
         long = float(self.config.timeout_secs) + TOOL_MARGIN_SECS
@@ -448,7 +442,8 @@ class Delegation:
                 self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("notice", message)))
 
             child.on_notice = notice
-            self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("started", spec.name)))
+            self.emit(ChildEvent(job.label, job.id, child.id, depth,
+                                 ChildStatus("started", spec.name, terminal_output=child.terminal_output)))
             drained = trio.Event()
 
             async def pump() -> None:
@@ -569,9 +564,3 @@ async def _cancel_job_tool(ctx: ToolContext, args: JobArgs) -> JobInfo:
     with trio.move_on_after(TEARDOWN_SECS):
         await job.done.wait()
     return job.info()
-
-
-def live_session(session_id: str | None) -> CrucibleSession | None:
-    """A running session by its Crucible id (the TUI reads a child's terminal output from it)."""
-    delegation = _LIVE.get(session_id) if session_id else None
-    return delegation.session if delegation is not None else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -16,6 +16,9 @@ class ChildStatus:
 
     status: Literal["queued", "started", "finished", "notice"]
     detail: str = ""
+    # With "started": what a terminal of the child printed so far, by terminal id, for as long
+    # as the child runs (the TUI draws a child's terminal output from it).
+    terminal_output: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,11 @@ class CrucibleSession:
             self.on_notice(f"[permission] {tool}: {decision.kind} ({decision.reason}; asked by the bridge)")
         return decision.kind.startswith("allow")
 
+    def terminal_output(self, terminal_id: str) -> str | None:
+        """What a terminal of this session printed so far (None when there is no such terminal)."""
+        services = self.acp.services if self.acp is not None else None
+        return services.output_so_far(terminal_id) if services is not None else None
+
     def on_bridge_event(self, event: Any) -> None:
         if event.kind == "list":
             self.bridge_listed.set()

@@ -51,7 +51,6 @@ from acp_host.session import (
     TurnEnded,
     UsageChanged,
 )
-from crucible.delegation import live_session
 from crucible.errors import CrucibleError
 from crucible.events import ChildEvent, ChildStatus
 from crucible.permissions import tool_key_from_acp
@@ -384,10 +383,8 @@ class ChatUI:
             pass  # the status bar and the completer read the session state
         self.refresh()
 
-    def _terminal_text(self, terminal_id: str, session: CrucibleSession | None = None) -> str | None:
-        session = session or self.session
-        services = session.acp.services if session is not None and session.acp else None
-        return services.output_so_far(terminal_id) if services is not None else None
+    def _terminal_text(self, terminal_id: str) -> str | None:
+        return self.session.terminal_output(terminal_id) if self.session is not None else None
 
     def _turn_ended(self, event: TurnEnded) -> None:
         self._end_text()
@@ -421,7 +418,6 @@ class ChatUI:
         restarted = isinstance(ev.event, ChildStatus) and ev.event.status == "queued"
         if section is None or (section.finished and restarted):  # job ids restart with a new session
             section = ChildSection(ev.label, ev.job_id, on_thought=self._new_thought)
-            section.feed.terminal_text = self._child_terminal_text(section)
             if len(self._sections) >= MAX_SECTIONS:
                 self._sections = {k: s for k, s in self._sections.items() if not s.finished}
             self._sections[key] = section
@@ -430,14 +426,6 @@ class ChatUI:
         section.session_id = ev.session_id or section.session_id
         section.show(ev.event)
         self.refresh()
-
-    def _child_terminal_text(self, section: ChildSection) -> Callable[[str], str | None]:
-        """A child's terminal output, read from the child session while it runs."""
-        def text(terminal_id: str) -> str | None:
-            child = live_session(section.session_id)
-            return self._terminal_text(terminal_id, child) if child is not None else None
-
-        return text
 
     def _place(self, section: ChildSection, depth: int) -> None:
         """A grandchild inside its parent's section; a child under the delegate_session call

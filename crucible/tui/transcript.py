@@ -426,9 +426,12 @@ class ChildSection(Entry):
 
         if isinstance(event, ChildStatus):
             self.status = child_status_word(event.status, event.detail)
-            if event.status == "notice":
+            if event.status == "started":
+                self.feed.terminal_text = event.terminal_output  # read while the child runs
+            elif event.status == "notice":
                 self.feed.notice(event.detail)
             elif event.status == "finished":
+                self.feed.terminal_text = None  # the child's session is closing: hold nothing of it
                 self.feed.end_text()
                 self.seconds = round(time.monotonic() - self.started, 1)
                 _, _, error = event.detail.partition(":")
