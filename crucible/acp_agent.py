@@ -388,6 +388,7 @@ def _iso(ts: float) -> str:
 
 def _warm_imports() -> None:
     """What the first session/new needs, imported while the editor is still busy."""
+    # Here, in a thread after the initialize answer, not when this module is: that is the point.
     import crucible.chat  # noqa: F401
     import crucible.kiln_mcp  # noqa: F401
     import crucible.sessions  # noqa: F401
@@ -445,7 +446,9 @@ class AcpAgentServer:
             return self._host
 
     async def _run_host(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        from crucible.sessions import BridgeHost
+        from crucible.sessions import (
+            BridgeHost,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         async with BridgeHost().running() as host:
             task_status.started(host)
@@ -534,7 +537,9 @@ class AcpAgentServer:
     # -- sessions -------------------------------------------------------------------------
     def _options(self, params: dict[str, Any], resume: str | None = None,
                  card: str | None = None) -> SessionOptions:
-        from crucible.chat import build_options
+        from crucible.chat import (
+            build_options,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd):
@@ -572,6 +577,7 @@ class AcpAgentServer:
 
     async def _session_task(self, opts: SessionOptions, host: BridgeHost, fwd: _Forwarder,
                             task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # The session stack: after initialize is answered (_warm_imports).
         from crucible.cards import load_cards
         from crucible.sessions import open_session
 
@@ -642,7 +648,9 @@ class AcpAgentServer:
         return result
 
     async def load_session(self, params: dict[str, Any], *, replay: bool) -> dict[str, Any]:
-        from crucible.session_store import SessionStore
+        from crucible.session_store import (
+            SessionStore,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         sid = params.get("sessionId")
         if not isinstance(sid, str):
@@ -680,7 +688,9 @@ class AcpAgentServer:
                     "sessionUpdate": kind, "content": {"type": "text", "text": str(ev["text"])}}})
 
     async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
-        from crucible.session_store import SessionStore
+        from crucible.session_store import (
+            SessionStore,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         cwd = params.get("cwd")
         metas = await trio.to_thread.run_sync(SessionStore().list)
@@ -896,7 +906,7 @@ class AcpAgentServer:
 
     async def ask_editor(self, fwd: _Forwarder, ask: PermissionAsk) -> Decision:
         """The editor's person decides what Crucible's policy left to ask."""
-        from acp_host.session import Decision
+        from acp_host.session import Decision  # acp.schema: after initialize is answered
 
         peer = self.peer
         editor_id = fwd.editor_id
@@ -934,7 +944,10 @@ def _joined_chunks(events: list[Any]) -> list[Any]:
     """`events` with each run of message (or thought) chunks of one message joined into one
     chunk: the transcript stores such a run as one event anyway. The joined chunk keeps the
     first one's `content` (the transcript only reads the text)."""
-    from acp_host.session import MessageChunk, ThoughtChunk
+    from acp_host.session import (  # acp.schema: after initialize is answered
+        MessageChunk,
+        ThoughtChunk,
+    )
 
     out: list[Any] = []
     run: list[Any] = []

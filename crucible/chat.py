@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from acp_host.registry import AgentRegistryError, auth_hint, install_hint, resolve_agent
+from crucible.config import load_config, resolve_kiln
 from crucible.errors import CrucibleError
+from crucible.sessions import (
+    BridgeHost,
+    SessionOptions,
+    approve_all_asker,
+    deny_all_asker,
+    deny_asker,
+    open_session,
+    preload,
+    spawn_agent,
+)
 
 if TYPE_CHECKING:
     from crucible.renderers import HeadlessPrinter
@@ -31,20 +43,18 @@ EXIT_CANCELLED = 130
 HEADLESS_EXIT_GRACE = 0.5
 
 
-def build_options(args: argparse.Namespace) -> Any:
+def build_options(args: argparse.Namespace) -> SessionOptions:
     """Config, kiln, card and agent from the command line (shared by chat, session create, acp)."""
-    from acp_host.registry import AgentRegistryError, resolve_agent
-    from crucible.config import load_config, resolve_kiln
-    from crucible.sessions import SessionOptions, approve_all_asker, deny_all_asker, deny_asker
-
     config = load_config(getattr(args, "config", None))
     kiln = resolve_kiln(getattr(args, "kiln", None), config)
     cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
     if not cwd.is_dir():
         raise CrucibleError(f"--cwd {getattr(args, 'cwd', '')} is not a folder", "pass an existing folder")
     card = None
-    if getattr(args, "card", None):  # cards (ruamel.yaml) load only when asked: the agent starts after this
-        from crucible.cards import get_card
+    if getattr(args, "card", None):
+        from crucible.cards import (
+            get_card,  # ruamel.yaml, only when asked: the agent starts after this
+        )
 
         card = get_card(args.card, kiln, cwd)
     name = getattr(args, "agent", None) or (card.agent if card else None) or config.default_agent
@@ -54,8 +64,6 @@ def build_options(args: argparse.Namespace) -> Any:
     except AgentRegistryError as exc:
         raise CrucibleError(exc.message, exc.fix) from None
     if not spec.found:
-        from acp_host.registry import install_hint
-
         raise CrucibleError(f"the agent {spec.name} is not installed ({spec.source})", install_hint(spec.name))
     if getattr(args, "approve_all", False):
         asker = approve_all_asker()
@@ -72,11 +80,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     opts = build_options(args)
     if args.prompt is not None:
         return trio.run(run_headless, opts, args.prompt, args.format)
-    try:
-        from crucible.tui.app import run_tui  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError:
-        raise CrucibleError("the interactive chat is not in this version yet",
-                            "run one turn with `cru chat -p \"your question\"`") from None
+    from crucible.tui.app import run_tui  # prompt-toolkit and acp.schema: only for the TUI
+
     result: int = run_tui(opts)
     return result
 
@@ -87,8 +92,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
     # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
     # it boots while we import.
-    from crucible.renderers import HeadlessPrinter
-    from crucible.sessions import preload, spawn_agent
+    from crucible.renderers import HeadlessPrinter  # acp.schema: see above
 
     printer = HeadlessPrinter(fmt)
     async with trio.open_nursery() as owner:
@@ -100,9 +104,9 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
 
 
 async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any) -> tuple[Any, bool]:
+    # acp.schema: loaded by `preload` while the agent boots.
     from acp_host.session import TurnEnded
     from crucible.renderers import child_event_printer
-    from crucible.sessions import BridgeHost, open_session
 
     cancelled_by_user = False
     ended: TurnEnded | None = None
@@ -143,8 +147,6 @@ async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any
 
 
 def _exit_code(opts: Any, ended: Any, printer: HeadlessPrinter) -> int:
-    from acp_host.registry import auth_hint
-
     if ended is None:
         return EXIT_CANCELLED
     if ended.error:

@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from crucible.errors import CrucibleError
+
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
     "kiln.index": "crucible.kiln.commands:cmd_index",
@@ -160,8 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _user_error(exc: BaseException) -> BaseException | None:
     """The CrucibleError inside `exc` (possibly nested in exception groups), if any."""
-    from crucible.errors import CrucibleError
-
     if isinstance(exc, CrucibleError):
         return exc
     if isinstance(exc, BaseExceptionGroup):

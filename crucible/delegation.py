@@ -42,12 +42,15 @@ from typing import TYPE_CHECKING, Literal
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
+from acp_host.registry import AgentRegistryError, known_names, resolve_agent
 from acp_host.session import (
     MessageChunk,
     TurnEnded,
 )
+from crucible.cards import load_cards
 from crucible.errors import CrucibleError
 from crucible.events import ChildEvent, ChildStatus
+from crucible.kiln.paths import resolve_in_kiln
 from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
 
 if TYPE_CHECKING:
@@ -307,9 +310,6 @@ class Delegation:
 
     # -- starting a child ----------------------------------------------------------------
     async def resolve_target(self, target: str) -> tuple[AgentSpec, Card | None]:
-        from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-        from crucible.cards import load_cards
-
         opts = self.session.opts
         try:
             cards = await trio.to_thread.run_sync(load_cards, opts.kiln, opts.cwd)
@@ -361,8 +361,6 @@ class Delegation:
     async def check_notes(self, handoff: Handoff | None) -> None:
         if handoff is None:
             return
-        from crucible.kiln.paths import resolve_in_kiln
-
         kiln = self.session.opts.kiln
         for note in handoff.notes:
             try:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from crucible.config import data_dir
 from crucible.errors import CrucibleError
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
@@ -43,8 +44,6 @@ class SessionMeta:
 
 
 def sessions_root(env: Mapping[str, str] | None = None) -> Path:
-    from crucible.config import data_dir
-
     return data_dir(env) / "sessions"
 
 

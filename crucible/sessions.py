@@ -15,6 +15,7 @@ most once per call (OpenCode never asks over ACP: then the bridge asks).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -26,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from acp_host.registry import AgentSpec
+from acp_host.jsonrpc import JsonRpcError
+from acp_host.process import AgentProcess, AgentStartError
+from acp_host.registry import AgentSpec, auth_hint, install_hint
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     READ_ONLY_BRIDGE_TOOLS,
@@ -41,8 +44,14 @@ if TYPE_CHECKING:
     # acp_host.session pulls in acp.schema (~1 s): imported where needed, after the agent is
     # spawned, so the agent boots while we import (see `spawn_agent`).
     from acp_host.client import AcpClient
-    from acp_host.process import AgentProcess
-    from acp_host.session import AcpSession, Decision, Event, PermissionRequest, TurnEnded
+    from acp_host.session import (
+        AcpSession,
+        Decision,
+        DecisionKind,
+        Event,
+        PermissionRequest,
+        TurnEnded,
+    )
     from crucible.cards import Card
     from crucible.config import Config
     from crucible.delegation import Delegation
@@ -73,26 +82,27 @@ class PermissionAsk:
 Asker = Callable[[PermissionAsk], Awaitable["Decision"]]
 
 
-async def deny_asker(ask: PermissionAsk) -> Decision:
+def decision_of(kind: DecisionKind, reason: str) -> Decision:
+    # acp_host.session loads acp.schema (~0.5 s): not before the agent is spawned.
     from acp_host.session import Decision
 
-    return Decision("reject_once", "nobody to ask (no --approve-all)")
+    return Decision(kind, reason)
+
+
+async def deny_asker(ask: PermissionAsk) -> Decision:
+    return decision_of("reject_once", "nobody to ask (no --approve-all)")
 
 
 def approve_all_asker(reason: str = "--approve-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
-        from acp_host.session import Decision
-
-        return Decision("allow_once", reason)
+        return decision_of("allow_once", reason)
 
     return asker
 
 
 def deny_all_asker(reason: str = "--deny-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
-        from acp_host.session import Decision
-
-        return Decision("reject_once", reason)
+        return decision_of("reject_once", reason)
 
     return asker
 
@@ -145,7 +155,7 @@ class BridgeHost:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
-        from mcp_bridge.server import BridgeHTTP, serving_http
+        from mcp_bridge.server import BridgeHTTP, serving_http  # the mcp SDK: see `preload`
 
         async with trio.open_nursery() as nursery, BridgeHTTP() as app, serving_http(app, port=0) as port:
             self.app, self.port, self._nursery = app, port, nursery
@@ -157,7 +167,7 @@ class BridgeHost:
 
     def backend(self, kiln: Path, config: Config) -> Any:
         """One kiln backend per kiln per process: sessions share its index and its watcher."""
-        from crucible.kiln_mcp import CrucibleKilnBackend
+        from crucible.kiln_mcp import CrucibleKilnBackend  # the kiln stack: see `preload`
 
         key = _kiln_key(kiln)
         if key not in self._backends:
@@ -176,8 +186,6 @@ class BridgeHost:
         try:
             await backend.watch_changes(changed)
         except Exception as exc:  # a broken watcher must not end the sessions
-            import logging
-
             logging.getLogger("crucible.sessions").warning("kiln watcher stopped: %s", exc)
 
     async def mount(self, kiln: Path, bridge: BridgeServer, token: str, base: str) -> None:
@@ -221,16 +229,14 @@ class CrucibleSession:
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
         """The agent asks, over ACP."""
-        from acp_host.session import Decision
-
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
         decided = self.policy.decide(key)
         if decided.rule == "allow":
-            decision = Decision("allow_once", decided.reason)
+            decision = decision_of("allow_once", decided.reason)
         elif decided.rule == "deny":
-            decision = Decision("reject_once", decided.reason)
+            decision = decision_of("reject_once", decided.reason)
         else:
             ask = PermissionAsk(self.label, key, call.title or key.name, request)
             decision = await self.opts.asker(ask)
@@ -329,6 +335,7 @@ class CrucibleSession:
             yield event
 
     def record(self, event: Event) -> None:
+        # acp.schema: not before the agent is spawned (see `preload`).
         from acp_host.session import (
             MessageChunk,
             PermissionResolved,
@@ -386,8 +393,6 @@ def _bridge_entry(client: AcpClient, url: str, token: str) -> dict[str, Any]:
 async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProcess:
     """Start the agent process now, before the heavy imports, so it boots while we import;
     hand it to `open_session(..., process=)`. Its owner is `nursery` until then."""
-    from acp_host.process import AgentProcess, AgentStartError
-
     try:
         return await AgentProcess.start(nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env},
                                         cwd=opts.cwd, name=opts.agent.name)
@@ -398,17 +403,17 @@ async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProce
 def preload() -> None:
     """The modules a session needs (acp.schema, the mcp SDK, hypercorn): ~2 s of imports, run
     in a thread while the agent boots."""
+    # Imported here, in that thread, not when this module is: that is the point.
     import hypercorn.trio  # noqa: F401
 
     import acp_host.client  # noqa: F401
+    import crucible.delegation  # noqa: F401
     import crucible.kiln_mcp  # noqa: F401
     import mcp_bridge.server  # noqa: F401
 
 
 def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
     """One clear message with the fix for an agent that cannot start or refuses us."""
-    from acp_host.registry import auth_hint, install_hint
-
     text = str(exc)
     lowered = text.lower()
     if "auth" in lowered or "api key" in lowered or "login" in lowered:
@@ -430,9 +435,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     """Start the agent, its bridge and its ACP session; tear all of them down on exit.
     `process`: the agent already spawned by `spawn_agent` (it then belongs to this session).
     `parent`: the delegation of the session that delegates to this one."""
+    # acp.schema, the mcp SDK and the kiln stack: imported once the agent is spawned (`preload`).
     from acp_host.client import connect_agent
-    from acp_host.jsonrpc import JsonRpcError
-    from acp_host.process import AgentStartError
     from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
     from mcp_bridge.server import BridgeServer, new_token
@@ -526,8 +530,6 @@ def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
 
 async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> None:
     """The card's `mode` and `model`, when the agent offers them; a warning when it does not."""
-    from acp_host.jsonrpc import JsonRpcError
-
     card = session.opts.card
     if card is None:
         return
@@ -577,8 +579,6 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
         caps = client.capabilities
         session_caps = getattr(caps, "session_capabilities", None)
         if old.agent_session_id and old.agent == opts.agent.name:
-            from acp_host.jsonrpc import JsonRpcError
-
             try:
                 if session_caps is not None and getattr(session_caps, "resume", None) is not None:
                     session.resumed_natively = True

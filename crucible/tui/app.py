@@ -13,6 +13,7 @@ trio code changes the model and asks for a paced redraw.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from prompt_toolkit.buffer import Buffer
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.keys import Keys
 from prompt_toolkit.layout import (
@@ -51,9 +53,12 @@ from acp_host.session import (
     TurnEnded,
     UsageChanged,
 )
+from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
 from crucible.events import ChildEvent, ChildStatus
+from crucible.kiln.paths import iter_markdown, resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
+from crucible.session_store import SessionStore
 from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_session
 from crucible.terminal import sanitize
 from crucible.tui.bridge import Pacer, run_with_trio
@@ -122,8 +127,6 @@ HELP_KEYS = [
 def _shift_enter_is_newline() -> None:
     """Terminals that tell Shift-Enter apart send CSI-u (kitty, foot, WezTerm) or xterm's
     modifyOtherKeys form; prompt-toolkit maps the latter to Enter. Both insert a new line here."""
-    from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
-
     ANSI_SEQUENCES["\x1b[13;2u"] = Keys.ControlJ
     ANSI_SEQUENCES["\x1b[27;2;13~"] = Keys.ControlJ
 
@@ -545,8 +548,6 @@ class ChatUI:
             self.to_trio(self.save_rule, *rule)
 
     async def save_rule(self, tool: str, rule: str) -> None:
-        from crucible.config import config_path
-
         path = self.opts.config.source or config_path()
         try:
             await trio.to_thread.run_sync(save_permission_rule, path, tool, rule)
@@ -632,8 +633,6 @@ class ChatUI:
     async def mention_blocks(self, text: str) -> list[dict[str, Any]]:
         """Each `@note` that names a note in the kiln becomes an embedded resource (or inline
         text when the agent cannot take embedded context)."""
-        from crucible.kiln.paths import resolve_in_kiln
-
         names = list(dict.fromkeys(mentions(text)))
         if not names:
             return []
@@ -827,8 +826,6 @@ class ChatUI:
         return 0
 
     async def load_notes(self) -> None:
-        from crucible.kiln.paths import iter_markdown
-
         def scan() -> list[str]:
             out = []
             for rel in iter_markdown(self.opts.kiln):
@@ -948,11 +945,6 @@ class ChatUI:
 
 def run_tui(opts: SessionOptions) -> int:
     """`cru chat` without -p: the terminal chat. Returns the exit code."""
-    import sys
-
-    from crucible.config import data_dir
-    from crucible.session_store import SessionStore
-
     if not sys.stdin.isatty() or not sys.stdout.isatty():
         raise CrucibleError("the interactive chat needs a terminal",
                             "run it in a terminal, or use `cru chat -p \"your question\"` in scripts")

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomlkit
 import trio
+from tomlkit.exceptions import TOMLKitError
 
 from acp_host.session import Decision, DecisionKind
 from crucible.errors import CrucibleError
+from crucible.kiln.atomic import atomic_write_text
 from crucible.sessions import PermissionAsk
 
 # key -> (decision, save a rule to the config, label)
@@ -89,11 +92,6 @@ class PermissionQueue:
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:
     """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file,
     comments and order included (tomlkit round-trips the document)."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
-    from crucible.kiln.atomic import atomic_write_text
-
     doc = tomlkit.document()
     if path.exists():
         try:

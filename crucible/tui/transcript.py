@@ -20,6 +20,16 @@ from typing import Any, cast
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
 
+from acp_host.session import (
+    MessageChunk,
+    PermissionResolved,
+    SessionError,
+    ThoughtChunk,
+    ToolCallEvent,
+    TurnEnded,
+    UserChunk,
+)
+from crucible.events import ChildStatus
 from crucible.terminal import sanitize
 from crucible.tui.markdown import Fragment, Fragments, MarkdownState, peek_line, render_line, wrap
 
@@ -336,14 +346,6 @@ class Feed:
 
     def show(self, event: Any) -> bool:
         """Draw the events every session shows alike; False for the others."""
-        from acp_host.session import (
-            MessageChunk,
-            PermissionResolved,
-            ThoughtChunk,
-            ToolCallEvent,
-            UserChunk,
-        )
-
         if isinstance(event, MessageChunk):
             self.text("agent", event.text)
         elif isinstance(event, ThoughtChunk):
@@ -421,9 +423,6 @@ class ChildSection(Entry):
 
     def show(self, event: Any) -> None:
         """One of the child's events: an `acp_host.session` event or a `ChildStatus`."""
-        from acp_host.session import SessionError, TurnEnded
-        from crucible.events import ChildStatus
-
         if isinstance(event, ChildStatus):
             self.status = child_status_word(event.status, event.detail)
             if event.status == "started":
