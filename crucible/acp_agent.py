@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -616,18 +616,13 @@ class AcpAgentServer:
                 proxy.done.set()
 
     async def _drain_events(self, cs: CrucibleSession) -> None:
-        """Keep the session's typed events flowing into its transcript. They are taken in
-        batches, streamed chunks joined: the editor already has them raw, and a flood must
-        not cost a wake-up and a transcript write per chunk."""
-        acp = cs.acp
-        assert acp is not None
-        while True:
-            try:
-                batch = await acp.receive_batch(4096)
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                return
-            for event in _joined_chunks(batch):
-                cs.record(event)
+        """Keep the session's typed events flowing into its transcript (the editor already has
+        them raw): the one pipeline, with no renderer."""
+        from crucible.events import (
+            Pipeline,  # the session stack: after initialize is answered (_warm_imports)
+        )
+
+        await Pipeline(cs, []).run()
 
     def _new_result(self, proxy: ProxySession) -> dict[str, Any]:
         acp = proxy.cs.acp
@@ -938,40 +933,6 @@ class AcpAgentServer:
                         return Decision(kind, f"chosen in the editor ({opt.get('name', chosen)})")
             return Decision("reject_once", f"the editor chose an unknown option {chosen!r}")
         return Decision("cancelled", "cancelled in the editor")
-
-
-def _joined_chunks(events: list[Any]) -> list[Any]:
-    """`events` with each run of message (or thought) chunks of one message joined into one
-    chunk: the transcript stores such a run as one event anyway. The joined chunk keeps the
-    first one's `content` (the transcript only reads the text)."""
-    from acp_host.session import (  # acp.schema: after initialize is answered
-        MessageChunk,
-        ThoughtChunk,
-    )
-
-    out: list[Any] = []
-    run: list[Any] = []
-    for event in events:
-        kind = type(event)
-        if kind is MessageChunk or kind is ThoughtChunk:
-            if run and (type(run[0]) is not kind or run[0].message_id != event.message_id):
-                out.append(_join(run))
-                run = []
-            run.append(event)
-            continue
-        if run:
-            out.append(_join(run))
-            run = []
-        out.append(event)
-    if run:
-        out.append(_join(run))
-    return out
-
-
-def _join(run: list[Any]) -> Any:
-    if len(run) == 1:
-        return run[0]
-    return replace(run[0], text="".join([c.text for c in run]))
 
 
 def _dump(value: Any) -> Any:

@@ -32,7 +32,7 @@ from crucible.sessions import (
 )
 
 if TYPE_CHECKING:
-    from crucible.renderers import HeadlessPrinter
+    from crucible.renderers import Printer
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -92,9 +92,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
     # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
     # it boots while we import.
-    from crucible.renderers import HeadlessPrinter  # acp.schema: see above
+    from crucible.renderers import printer_for  # acp.schema: see above
 
-    printer = HeadlessPrinter(fmt)
+    printer = printer_for(fmt)
     async with trio.open_nursery() as owner:
         process = await spawn_agent(owner, opts)
         process.exit_grace = HEADLESS_EXIT_GRACE
@@ -103,26 +103,15 @@ async def run_headless(opts: Any, text: str, fmt: str) -> int:
     return _exit_code(opts, ended, printer)
 
 
-async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any) -> tuple[Any, bool]:
-    # acp.schema: loaded by `preload` while the agent boots.
-    from acp_host.session import TurnEnded
-    from crucible.renderers import child_event_printer
+async def _one_turn(opts: Any, text: str, printer: Printer, process: Any) -> tuple[Any, bool]:
+    from crucible.events import Pipeline  # acp.schema: loaded by `preload` while the agent boots
 
     cancelled_by_user = False
-    ended: TurnEnded | None = None
+    ended: Any = None
     async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
-        session.on_notice = printer.note
-        session.on_child_event = child_event_printer(printer.fmt, printer.out, printer.err)
+        pipeline = Pipeline(session, [printer])
         for warning in session.warnings:
-            printer.note(f"[warning] {warning}")
-        drained = trio.Event()
-
-        async def show_events() -> None:
-            async for event in session.events():
-                printer.show(event)
-                if isinstance(event, TurnEnded):
-                    break
-            drained.set()
+            pipeline.notice(f"[warning] {warning}")
 
         async def on_sigint(cancel_scope: trio.CancelScope) -> None:
             nonlocal cancelled_by_user
@@ -130,23 +119,20 @@ async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any
                 async for _ in signals:
                     if not cancelled_by_user:
                         cancelled_by_user = True
-                        printer.note("[cancel] cancelling the turn (Ctrl-C again to stop at once)")
+                        pipeline.notice("[cancel] cancelling the turn (Ctrl-C again to stop at once)")
                         await session.cancel()
                     else:
                         cancel_scope.cancel()
                         return
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(show_events)
             nursery.start_soon(on_sigint, nursery.cancel_scope)
-            ended = await session.prompt(text)
-            with trio.move_on_after(5):
-                await drained.wait()
+            ended = await pipeline.turn(text)
             nursery.cancel_scope.cancel()
     return ended, cancelled_by_user
 
 
-def _exit_code(opts: Any, ended: Any, printer: HeadlessPrinter) -> int:
+def _exit_code(opts: Any, ended: Any, printer: Printer) -> int:
     if ended is None:
         return EXIT_CANCELLED
     if ended.error:

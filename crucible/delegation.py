@@ -32,24 +32,21 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-from acp_host.session import (
-    MessageChunk,
-    TurnEnded,
-)
+from acp_host.session import MessageChunk
 from crucible.cards import load_cards
 from crucible.errors import CrucibleError
-from crucible.events import ChildEvent, ChildStatus
+from crucible.events import ChildEvent, ChildStatus, Notice, Pipeline, Renderer
 from crucible.kiln.paths import resolve_in_kiln
 from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
 
@@ -434,31 +431,10 @@ class Delegation:
         depth = self.depth + 1
         async with self.open_child(opts, self.host, parent=self) as child:
             job.child_id = child.id
-            child.on_child_event = self.emit  # grandchildren bubble up with their own label
-
-            def notice(message: str) -> None:
-                self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("notice", message)))
-
-            child.on_notice = notice
+            pipeline = Pipeline(child, [JobView(self, job, child.id, depth)])
             self.emit(ChildEvent(job.label, job.id, child.id, depth,
                                  ChildStatus("started", spec.name, terminal_output=child.terminal_output)))
-            drained = trio.Event()
-
-            async def pump() -> None:
-                async for event in child.events():
-                    if isinstance(event, MessageChunk):
-                        job.parts.append(event.text)
-                    self.emit(ChildEvent(job.label, job.id, child.id, depth, event))
-                    if isinstance(event, TurnEnded):
-                        break
-                drained.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(pump)
-                ended = await child.prompt(text)
-                with trio.move_on_after(5):
-                    await drained.wait()
-                nursery.cancel_scope.cancel()
+            ended = await pipeline.turn(text)
             # Settled before the child's teardown (an agent can take seconds to exit): the
             # parent reads the reply now; the slot is held until the process is gone.
             if ended.error:
@@ -482,6 +458,31 @@ class Delegation:
             known = ", ".join(self.jobs) or "none"
             raise ToolError(f"no delegated job {job_id!r} in this session (jobs: {known})")
         return job
+
+
+class JobView(Renderer):
+    """A child session's events as its parent sees them: the child's reply gathered in its job,
+    each event (its notices too) passed up labelled with the job; a grandchild's events pass up
+    with their own label."""
+
+    def __init__(self, delegation: Delegation, job: Job, child_id: str, depth: int) -> None:
+        self.delegation = delegation
+        self.job = job
+        self.child_id = child_id
+        self.depth = depth
+
+    def render(self, events: Sequence[Any]) -> None:
+        job, emit = self.job, self.delegation.emit
+        for event in events:
+            kind = type(event)
+            if kind is ChildEvent:
+                emit(event)
+                continue
+            if kind is MessageChunk:
+                job.parts.append(event.text)
+            elif kind is Notice:
+                event = ChildStatus("notice", event.text)
+            emit(ChildEvent(job.label, job.id, self.child_id, self.depth, event))
 
 
 DELEGATE_DESCRIPTION = (

@@ -328,45 +328,14 @@ class CrucibleSession:
             await self.acp.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
-        """Every event of the session, in order; each is also written to the transcript."""
-        assert self.acp is not None
-        async for event in self.acp.events:
-            self.record(event)
-            yield event
+        """Every event of the session, in order, each recorded in the transcript; for a caller
+        that wants them one at a time (`crucible.events.Pipeline` fans out whole batches)."""
+        # crucible.events loads acp.schema: not before the agent is spawned (see `preload`).
+        from crucible.events import batches
 
-    def record(self, event: Event) -> None:
-        # acp.schema: not before the agent is spawned (see `preload`).
-        from acp_host.session import (
-            MessageChunk,
-            PermissionResolved,
-            ThoughtChunk,
-            ToolCallEvent,
-            TurnEnded,
-            UserChunk,
-        )
-
-        w = self.writer
-        if isinstance(event, MessageChunk):
-            w.append({"type": "agent_message", "text": event.text})
-        elif isinstance(event, ThoughtChunk):
-            w.append({"type": "agent_thought", "text": event.text})
-        elif isinstance(event, UserChunk):
-            w.append({"type": "history_user_message", "text": event.text})
-        elif isinstance(event, ToolCallEvent):
-            c = event.call
-            if c.status in ("completed", "failed") or event.created:
-                w.append({"type": "tool_call", "id": c.tool_call_id, "title": c.title, "kind": c.kind,
-                          "status": c.status})
-        elif isinstance(event, PermissionResolved):
-            w.append({"type": "permission", "title": event.request.tool_call.title,
-                      "decision": event.decision.kind if event.decision else event.outcome.get("outcome"),
-                      "reason": event.decision.reason if event.decision else event.note})
-        elif isinstance(event, TurnEnded):
-            w.append({"type": "turn_end", "stop_reason": event.stop_reason, "error": event.error})
-        elif type(event).__name__ == "PlanChanged":
-            w.append({"type": "plan", "entries": [e.model_dump(mode="json") for e in event.entries]})  # type: ignore[union-attr]
-        elif type(event).__name__ == "SessionError":
-            w.append({"type": "error", "message": event.message})  # type: ignore[union-attr]
+        async for batch in batches(self):
+            for event in batch:
+                yield event
 
 
 def _args_summary(arguments: dict[str, Any]) -> str:

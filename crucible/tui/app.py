@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -55,7 +55,7 @@ from acp_host.session import (
 )
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
-from crucible.events import ChildEvent, ChildStatus
+from crucible.events import ChildEvent, ChildStatus, Notice, Pipeline, Renderer
 from crucible.kiln.paths import iter_markdown, resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
 from crucible.session_store import SessionStore
@@ -852,15 +852,14 @@ class ChatUI:
                     self.session = session
                     self.last_session_id = session.id
                     self.agent_alive = True
-                    session.on_notice = self.notice
-                    session.on_child_event = self.on_child_event
+                    pipeline = Pipeline(session, [ChatEvents(self)])
                     for warning in session.warnings:
                         self.notice(f"warning: {warning}")
                     self.state = "ready"
                     await self._show_saved_history(session)
                     self.refresh_now()
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self.pump_events, session)
+                        nursery.start_soon(self.pump_events, pipeline)
                         nursery.start_soon(self.run_turns, session)
                         await self.session_done.wait()
                         nursery.cancel_scope.cancel()
@@ -909,23 +908,8 @@ class ChatUI:
         self.in_history = False
         self.notice("── end of history ──", "class:history")
 
-    async def pump_events(self, session: CrucibleSession) -> None:
-        assert session.acp is not None
-        channel = session.acp.events
-        while True:
-            try:
-                batch = [await channel.receive()]
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            # Drain what is already there: one wake-up per batch, not per chunk.
-            while len(batch) < 256:
-                try:
-                    batch.append(channel.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                    break
-            for event in batch:
-                session.record(event)
-                self.show(event)
+    async def pump_events(self, pipeline: Pipeline) -> None:
+        await pipeline.run()
         self._check_agent()
 
     async def run_turns(self, session: CrucibleSession) -> None:
@@ -941,6 +925,25 @@ class ChatUI:
                 self.error(f"could not send the prompt: {exc}")
             self.state = "ready" if self.agent_alive else "agent stopped"
             self.refresh_now()
+
+
+class ChatEvents(Renderer):
+    """The chat's renderer: each event drawn by the chat, then one paced redraw per batch."""
+
+    def __init__(self, ui: ChatUI) -> None:
+        self.ui = ui
+
+    def render(self, events: Sequence[Any]) -> None:
+        ui = self.ui
+        for event in events:
+            kind = type(event)
+            if kind is Notice:
+                ui.notice(event.text)
+            elif kind is ChildEvent:
+                ui.on_child_event(event)
+            else:
+                ui.show(event)
+        ui.refresh()
 
 
 def run_tui(opts: SessionOptions) -> int:
