@@ -253,11 +253,12 @@ def saved_events(records: Iterable[dict[str, Any]]) -> list[Event]:
     tool calls) as events again, for the renderers that draw a live session."""
     out: list[Event] = []
     seen: set[str] = set()
-    for record in records:
+    for number, record in enumerate(records):
         kind = record.get("type")
         text = record.get("text")
         if kind in ("user_message", "history_user_message") and isinstance(text, str):
-            out.append(UserChunk(text, {"type": "text", "text": text}))
+            # Each record is a whole message: its own id keeps two in a row apart.
+            out.append(UserChunk(text, {"type": "text", "text": text}, f"saved-{number}"))
         elif kind == "agent_message" and isinstance(text, str):
             out.append(MessageChunk(text, {"type": "text", "text": text}))
         elif kind == "agent_thought" and isinstance(text, str):
