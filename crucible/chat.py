@@ -90,15 +90,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
-    # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
-    # it boots while we import.
-    from crucible.renderers import printer_for  # acp.schema: see above
-
-    printer = printer_for(fmt)
     async with trio.open_nursery() as owner:
+        # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.5 s):
+        # it boots while we import, in a thread.
         process = await spawn_agent(owner, opts)
         process.exit_grace = HEADLESS_EXIT_GRACE
         await trio.to_thread.run_sync(preload)
+        from crucible.renderers import printer_for  # acp.schema: imported by `preload` just now
+
+        printer = printer_for(fmt)
         ended, _ = await _one_turn(opts, text, printer, process)
     return _exit_code(opts, ended, printer)
 

@@ -377,7 +377,9 @@ def preload() -> None:
 
     import acp_host.client  # noqa: F401
     import crucible.delegation  # noqa: F401
+    import crucible.events  # noqa: F401
     import crucible.kiln_mcp  # noqa: F401
+    import crucible.renderers  # noqa: F401
     import mcp_bridge.server  # noqa: F401
 
 
