@@ -27,7 +27,8 @@ stdout to /dev/null, on the same flood agent, interleaved, in the same run:
 
 Events/s = N / wall seconds; peak RSS is the command's own (`wait4`), which takes in the
 flood agent it waited for (a ~10 MB stdlib Python, small beside any client). Each command's
-output is checked once on a small flood first (the last chunk must be in it).
+output is checked once on a small flood first (the last chunk must be in it). Every command
+gets a terminal as its stdin, as when typed by a person.
 
     python bench/flood.py --e2e [--n 200000] [--repeat 3] [--only cru,acpx,...] [--cru PATH]
 """
@@ -315,13 +316,20 @@ def e2e_env(tmp: Path) -> dict[str, str]:
 
 def e2e_run(argv: list[str], env: dict[str, str], tmp: Path, stdout: Any = subprocess.DEVNULL
             ) -> tuple[float, int]:
-    """Seconds from start to exit, and the command's peak RSS in KiB."""
-    with open(tmp / "stderr.txt", "wb") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    """Seconds from start to exit, and the command's peak RSS in KiB. Its stdin is a terminal,
+    as when a person types the command (a program that is not started from one may act
+    differently: `cru` then asks the login shell for PATH)."""
+    terminal, stdin = os.openpty()
+    try:
+        with open(tmp / "stderr.txt", "wb") as err:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(argv, env=env, cwd=tmp, stdin=stdin, stdout=stdout, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            seconds = time.perf_counter() - t0
+            proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        os.close(stdin)
+        os.close(terminal)
     if proc.returncode != 0:
         tail = (tmp / "stderr.txt").read_text(errors="replace")[-3000:]
         raise SystemExit(f"{shlex.join(argv)} exited with {proc.returncode}:\n{tail}")
