@@ -38,6 +38,7 @@ __all__ = [
     "auth_hint",
     "install_hint",
     "known_names",
+    "program_name",
     "resolve_agent",
 ]
 
@@ -229,6 +230,68 @@ def _resolve(name: str, profiles: Profiles, path: str | None, chain: list[str]) 
     )
 
 
+# Programs that run another program (the one that speaks ACP), and their options that take a value.
+_LAUNCHERS: dict[str, frozenset[str]] = {
+    "env": frozenset({"-u", "--unset", "-C", "--chdir", "-S"}),
+    "node": frozenset({"-r", "--require", "--import", "--loader", "-e", "--eval"}),
+    "bun": frozenset(), "deno": frozenset(), "tsx": frozenset(), "ts-node": frozenset(),
+    "npx": frozenset({"-p", "--package", "-c", "--call"}), "bunx": frozenset({"-p", "--package"}),
+    "pnpx": frozenset(), "pnpm": frozenset(), "yarn": frozenset(), "uvx": frozenset({"--from", "--with"}),
+    "uv": frozenset({"--with", "--project", "--directory", "--python", "-p"}),
+    "python": frozenset({"-W", "-X", "-c"}), "pypy3": frozenset({"-W", "-X"}),
+    "sh": frozenset(), "bash": frozenset(), "exec": frozenset(),
+}
+# Words of a launcher's command line that are not the program (`npx exec`, `uv run`, `deno run`).
+_SUBCOMMANDS = frozenset({"exec", "run", "dlx", "x", "tool"})
+# File names that say nothing of the program: its folder names it (`claude-agent-acp/dist/index.js`).
+_GENERIC_FILES = frozenset({"index", "main", "cli", "__main__", "bin", "run", "start", "server", "agent"})
+_GENERIC_DIRS = frozenset({"dist", "bin", "build", "lib", "src", "bundle", "out", "node_modules", "scripts"})
+
+
+def _launcher(word: str) -> str | None:
+    base = Path(word).name
+    for suffix in (".exe", ".cmd"):
+        base = base.removesuffix(suffix)
+    if base.startswith("python"):
+        return "python"
+    return base if base in _LAUNCHERS else None
+
+
+def program_name(argv: Sequence[str]) -> str:
+    """A name for the agent `argv` runs: the program that speaks ACP, not its interpreter
+    (`python3 agents/my_agent.py` → my_agent, `npx -y @zed-industries/claude-agent-acp` →
+    claude-agent-acp, `node .../gemini-cli/bundle/gemini.js` → gemini)."""
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        launcher = _launcher(words[i])
+        if launcher is None:
+            break
+        i += 1
+        while i < len(words):
+            word = words[i]
+            if word == "-m" and launcher == "python" and i + 1 < len(words):
+                return words[i + 1]
+            if word in _LAUNCHERS[launcher]:
+                i += 2
+            elif word.startswith("-") or (launcher == "env" and "=" in word) or word in _SUBCOMMANDS:
+                i += 1
+            else:
+                break
+    if i >= len(words):
+        return Path(words[0]).name if words else "agent"
+    target = words[i]
+    if target.startswith("@") or ("/" not in target and "@" in target[1:]):  # an npm package, maybe @version
+        return target.rsplit("/", 1)[-1].split("@", 1)[0] or target
+    path = Path(target)
+    name = path.stem if path.suffix in (".py", ".js", ".mjs", ".cjs", ".ts", ".exe", ".sh") else path.name
+    if name in _GENERIC_FILES:
+        for parent in reversed(path.parent.parts):
+            if parent not in _GENERIC_DIRS and parent not in ("/", ".", ".."):
+                return parent
+    return name
+
+
 def resolve_agent(
     name: str | None,
     *,
@@ -250,7 +313,7 @@ def resolve_agent(
                                      'quote it like a shell command: --agent-command "my-agent --acp"') from None
         if not argv:
             raise AgentRegistryError("--agent-command is empty", '--agent-command "my-agent --acp"')
-        spec_name = name or Path(argv[0]).name
+        spec_name = name or program_name(argv)
         return AgentSpec(spec_name, argv[0], argv[1:], {}, "--agent-command")
     if not name:
         raise AgentRegistryError("no agent given", f"pass -a with one of: {', '.join(known_names(profiles))}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ import trio
 from acp_host.registry import AgentRegistryError, auth_hint, install_hint, resolve_agent
 from crucible.config import load_config, resolve_kiln
 from crucible.errors import CrucibleError
+from crucible.session_store import SessionStore
 from crucible.sessions import (
     BridgeHost,
     SessionOptions,
@@ -44,23 +46,42 @@ HEADLESS_EXIT_GRACE = 0.5
 
 
 def build_options(args: argparse.Namespace) -> SessionOptions:
-    """Config, kiln, card and agent from the command line (shared by chat, session create, acp)."""
+    """Config, kiln, card and agent from the command line (shared by chat, session create, acp).
+    With `--resume ID` the saved session's own agent, card, kiln and cwd, unless told otherwise."""
     config = load_config(getattr(args, "config", None))
-    kiln = resolve_kiln(getattr(args, "kiln", None), config)
-    cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
+    saved = SessionStore().meta(args.resume) if getattr(args, "resume", None) else None
+    kiln = resolve_kiln(getattr(args, "kiln", None) or (saved.kiln if saved is not None and saved.kiln else None),
+                        config)
+    cwd_arg = getattr(args, "cwd", None)
+    if cwd_arg is None and saved is not None:
+        if not Path(saved.cwd).is_dir():
+            raise CrucibleError(f"the folder of session {saved.id} is gone ({saved.cwd})",
+                                "pass --cwd DIR to go on in another folder")
+        cwd_arg = saved.cwd
+    cwd = Path(cwd_arg or os.getcwd()).resolve()
     if not cwd.is_dir():
-        raise CrucibleError(f"--cwd {getattr(args, 'cwd', '')} is not a folder", "pass an existing folder")
+        raise CrucibleError(f"--cwd {cwd_arg} is not a folder", "pass an existing folder")
+    card_name = getattr(args, "card", None)
+    if card_name is None and saved is not None:
+        card_name = saved.card
     card = None
-    if getattr(args, "card", None):
+    if card_name:
         from crucible.cards import (
             get_card,  # ruamel.yaml, only when asked: the agent starts after this
         )
 
-        card = get_card(args.card, kiln, cwd)
-    name = getattr(args, "agent", None) or (card.agent if card else None) or config.default_agent
+        card = get_card(card_name, kiln, cwd)
+    name = getattr(args, "agent", None)
+    agent_command = getattr(args, "agent_command", None)
+    if name is None and agent_command is None and saved is not None:
+        name = saved.agent
+        agent_command = shlex.join(saved.agent_command) if saved.agent_command else None
+    elif agent_command is not None:
+        name = None  # named after its program (acp_host.registry)
+    if agent_command is None:
+        name = name or (card.agent if card else None) or config.default_agent
     try:
-        spec = resolve_agent(None if getattr(args, "agent_command", None) else name,
-                             agent_command=getattr(args, "agent_command", None), profiles=config.agents)
+        spec = resolve_agent(name, agent_command=agent_command, profiles=config.agents)
     except AgentRegistryError as exc:
         raise CrucibleError(exc.message, exc.fix) from None
     if not spec.found:
@@ -73,7 +94,8 @@ def build_options(args: argparse.Namespace) -> SessionOptions:
         asker = deny_asker
     record = Path(args.record) if getattr(args, "record", None) else None
     return SessionOptions(agent=spec, kiln=kiln, cwd=cwd, config=config, card=card, asker=asker, record=record,
-                          resume=getattr(args, "resume", None))
+                          resume=saved.id if saved is not None else None, model=getattr(args, "model", None),
+                          mode=getattr(args, "mode", None))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

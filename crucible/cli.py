@@ -29,6 +29,7 @@ HANDLERS: dict[str, str] = {
     "session.show": "crucible.session_commands:cmd_show",
     "session.resume": "crucible.session_commands:cmd_resume",
     "session.export": "crucible.session_commands:cmd_export",
+    "session.search": "crucible.session_commands:cmd_search",
     "session.create": "crucible.session_commands:cmd_session_create",
 }
 
@@ -44,6 +45,22 @@ def _add_agent(p: argparse.ArgumentParser) -> None:
     g.add_argument("--agent-command", metavar="CMD ARGS", help="run any ACP agent command")
 
 
+def _add_model_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="VALUE", help="the agent's model (one of the values it offers)")
+    p.add_argument("--mode", metavar="ID", help="the agent's mode (one of the modes it offers)")
+
+
+def _add_chat_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--card", metavar="NAME")
+    p.add_argument("--cwd", metavar="DIR")
+    p.add_argument("-p", "--prompt", metavar="TEXT", help="run one turn without the TUI and exit")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    perm = p.add_mutually_exclusive_group()
+    perm.add_argument("--approve-all", action="store_true")
+    perm.add_argument("--deny-all", action="store_true")
+    _add_model_mode(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cru", description="Crucible: AI coding agents with your notes (an ACP host with MCP kiln tools).")
@@ -54,20 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat with an agent in the terminal, or run one turn with -p")
     _add_agent(chat)
     _add_kiln(chat)
-    chat.add_argument("--card", metavar="NAME")
-    chat.add_argument("--cwd", metavar="DIR")
-    chat.add_argument("-p", "--prompt", metavar="TEXT", help="run one turn without the TUI and exit")
-    chat.add_argument("--format", choices=["text", "json"], default="text")
-    perm = chat.add_mutually_exclusive_group()
-    perm.add_argument("--approve-all", action="store_true")
-    perm.add_argument("--deny-all", action="store_true")
+    _add_chat_options(chat)
     chat.add_argument("--record", metavar="FILE", help="record both directions of ACP as JSONL")
-    chat.add_argument("--resume", metavar="ID")
+    chat.add_argument("--resume", metavar="ID",
+                      help="go on with a saved session (its own agent, card, kiln and cwd unless given)")
 
     acp = sub.add_parser("acp", help="serve ACP on stdio for an editor, proxying to a backend agent")
     _add_agent(acp)
     _add_kiln(acp)
     acp.add_argument("--card", metavar="NAME")
+    _add_model_mode(acp)
 
     mcp = sub.add_parser("mcp", help="serve the kiln tools over MCP (stdio unless --http / --sse)")
     _add_kiln(mcp)
@@ -95,10 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     session = sub.add_parser("session", help="saved sessions")
     ssub = session.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    ssub.add_parser("list", help="list saved sessions")
-    for name in ("show", "resume", "export"):
-        sp = ssub.add_parser(name, help=f"{name} a saved session")
-        sp.add_argument("id", metavar="ID")
+    s_list = ssub.add_parser("list", help="list saved conversations, newest first")
+    s_list.add_argument("--all", action="store_true", help="also the empty ones and delegated children")
+    s_list.add_argument("--json", action="store_true", help="print JSON")
+    s_show = ssub.add_parser("show", help="show a saved conversation (tool calls with arguments and results)")
+    s_show.add_argument("id", metavar="ID", help="a session id, or any unique prefix of it")
+    s_export = ssub.add_parser("export", help="export a saved conversation")
+    s_export.add_argument("id", metavar="ID", help="a session id, or any unique prefix of it")
+    s_export.add_argument("--format", choices=["json", "md"], default="json")
+    s_resume = ssub.add_parser("resume", help="go on with a saved conversation, with its own agent")
+    s_resume.add_argument("id", metavar="ID", help="a session id, or any unique prefix of it")
+    _add_agent(s_resume)
+    _add_kiln(s_resume)
+    _add_chat_options(s_resume)
+    s_search = ssub.add_parser("search", help="search the titles and text of every saved conversation")
+    s_search.add_argument("query", metavar="QUERY")
+    s_search.add_argument("--limit", type=int, default=10)
+    s_search.add_argument("--json", action="store_true", help="print JSON")
     s_create = ssub.add_parser("create", help="a session from a card (as chat --card)")
     s_create.add_argument("--agent", required=True, metavar="CARD")
     _add_kiln(s_create)

@@ -20,6 +20,7 @@ events, which the same renderers draw.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -46,6 +47,7 @@ from acp_host.session import (
     UsageChanged,
     UserChunk,
 )
+from crucible.session_store import clean_title
 
 if TYPE_CHECKING:
     from crucible.session_store import SessionWriter
@@ -229,8 +231,11 @@ class TranscriptRecorder(Renderer):
     def tool_call(self, event: ToolCallEvent) -> None:
         if shown_tool_call(event):
             c = event.call
-            self.writer.append({"type": "tool_call", "id": c.tool_call_id, "title": c.title, "kind": c.kind,
-                                "status": c.status})
+            record = {"type": "tool_call", "id": c.tool_call_id, "title": c.title, "kind": c.kind,
+                      "status": c.status}
+            if c.status in ("completed", "failed"):
+                record.update(tool_call_details(c))
+            self.writer.append(record)
 
     def permission(self, event: PermissionResolved) -> None:
         decision, reason = permission_decision(event)
@@ -246,6 +251,45 @@ class TranscriptRecorder(Renderer):
 
     def error(self, event: SessionError) -> None:
         self.writer.append({"type": "error", "message": event.message})
+
+    def session_info(self, event: SessionInfoChanged) -> None:
+        # The agent's own title for the conversation wins over its first prompt.
+        title = clean_title(event.title or "")
+        meta = self.writer.meta
+        if title and (title, "agent") != (meta.title, meta.title_source):
+            meta.title, meta.title_source = title, "agent"
+            self.writer.save_meta()
+
+
+# What a saved tool call keeps of its arguments and of its result (characters each).
+TOOL_DETAIL_MAX = 4000
+
+
+def _capped(text: str, limit: int = TOOL_DETAIL_MAX) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def tool_call_details(call: ToolCall) -> dict[str, Any]:
+    """A finished tool call's arguments and result as the transcript keeps them: `input` (its
+    raw input as JSON), `output` (the text it returned, else its raw output), `diffs` (the
+    paths it changed), each bounded."""
+    out: dict[str, Any] = {}
+    if call.raw_input not in (None, {}, ""):
+        out["input"] = _capped(json.dumps(call.raw_input, ensure_ascii=False, default=str))
+    texts = []
+    for item in call.content:
+        inner = item.get("content") if item.get("type") == "content" else None
+        if isinstance(inner, dict) and isinstance(inner.get("text"), str):
+            texts.append(inner["text"])
+    if texts:
+        out["output"] = _capped("\n".join(texts))
+    elif call.raw_output not in (None, {}, ""):
+        raw = call.raw_output
+        out["output"] = _capped(raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False, default=str))
+    paths = [str(d.get("path")) for d in call.diffs if d.get("path")]
+    if paths:
+        out["diffs"] = paths[:50]
+    return out
 
 
 def saved_events(records: Iterable[dict[str, Any]]) -> list[Event]:

@@ -1,4 +1,9 @@
-"""`cru session list|show|export|resume|create`: saved sessions from the command line."""
+"""`cru session list|show|export|resume|search|create`: saved conversations from the command line.
+
+A conversation is one entry whatever happened to the agent process (crucible/session_store.py);
+an ID may be any unique prefix. `show` and `export --format md` draw a conversation once, each
+tool call once with its arguments and its result; `export --format json` is every record.
+"""
 
 from __future__ import annotations
 
@@ -6,47 +11,177 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
+from typing import Any
 
-from crucible.chat import cmd_chat
-from crucible.session_store import SessionStore
+from crucible.session_store import Conversation, SessionStore, message_records, search_conversations
+from crucible.terminal import sanitize
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def conversation_line(conv: Conversation) -> str:
+    """One conversation as `cru session list` and `/sessions` show it."""
+    card = f" card={conv.card}" if conv.card else ""
+    return sanitize(f"{conv.id}  {_when(conv.updated)}  {conv.agent}{card}  turns={conv.turns}  {conv.title}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    metas = SessionStore().list()
-    if not metas:
+    convs = SessionStore().conversations(include_empty=getattr(args, "all", False),
+                                         include_children=getattr(args, "all", False))
+    if getattr(args, "json", False):
+        print(json.dumps([_conversation_json(c) for c in convs], ensure_ascii=False))
+        return 0
+    if not convs:
         print("no saved sessions yet", file=sys.stderr)
         return 0
-    for m in metas:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
-        card = f" card={m.card}" if m.card else ""
-        print(f"{m.id}  {when}  {m.agent}{card}  turns={m.turns}  {m.title}")
+    for conv in convs:
+        print(conversation_line(conv))
     return 0
 
 
+def _conversation_json(conv: Conversation) -> dict[str, Any]:
+    return {"id": conv.id, "title": conv.title, "agent": conv.agent, "card": conv.card, "turns": conv.turns,
+            "updated": conv.updated, "entries": conv.ids}
+
+
+# -- show / export -----------------------------------------------------------------------------
+
+
+def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> str:
+    """A conversation as markdown: the messages, and each tool call once (where it started, in
+    its final state) with its arguments and its result."""
+    first = conv.entries[0]
+    lines = [f"# {conv.title or 'Session ' + conv.id}", "",
+             f"session {conv.id} · agent {conv.agent}" + (f" · card {conv.card}" if conv.card else "")
+             + f" · cwd {conv.latest.cwd} · {_when(first.created)} – {_when(conv.updated)} · {conv.turns} turns"]
+    records = list(message_records(records))
+    final: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.get("type") == "tool_call" and record.get("id"):
+            final[str(record["id"])] = {**final.get(str(record["id"]), {}), **record}
+    drawn: set[str] = set()
+    section = None
+
+    def heading(name: str | None) -> None:
+        nonlocal section
+        if name != section and name is not None:
+            lines.extend(["", name, ""])
+        section = name
+
+    for record in records:
+        kind = record.get("type")
+        text = str(record.get("text", ""))
+        if kind in ("user_message", "history_user_message"):
+            heading("## You")
+            lines.append(text)
+        elif kind == "agent_message":
+            heading("## Agent")
+            lines.append(text)
+        elif kind == "agent_thought":
+            heading("### Thinking")
+            lines.append("> " + text.replace("\n", "\n> "))
+        elif kind == "tool_call":
+            call_id = str(record.get("id") or "")
+            if call_id and call_id in drawn:
+                continue
+            drawn.add(call_id)
+            lines.extend(_tool_lines(final.get(call_id, record) if call_id else record))
+        elif kind == "permission":
+            lines.append(f"- permission for `{record.get('title', '')}`: {record.get('decision', '')}"
+                         + (f" ({record['reason']})" if record.get("reason") else ""))
+        elif kind == "error":
+            lines.extend(["", f"**error:** {record.get('message', '')}"])
+        elif kind == "warning":
+            lines.extend(["", f"*warning: {record.get('message', '')}*"])
+        elif kind == "turn_end" and record.get("error"):
+            lines.extend(["", f"**the turn failed:** {record['error']}"])
+        elif kind == "resumed":
+            heading(None)
+            lines.extend(["", f"*── resumed with {record.get('agent', '')} ──*"])
+        elif kind == "plan":
+            entries = record.get("entries") or []
+            lines.extend(["", "Plan:"] + [f"- [{'x' if e.get('status') == 'completed' else ' '}] "
+                                          f"{e.get('content', '')}" for e in entries if isinstance(e, dict)])
+    return sanitize("\n".join(lines).rstrip() + "\n")
+
+
+def _tool_lines(call: dict[str, Any]) -> list[str]:
+    out = ["", f"- tool `{call.get('title') or call.get('id', '')}` ({call.get('kind') or 'other'}): "
+               f"{call.get('status') or 'pending'}"]
+    if call.get("input"):
+        out.append(f"  - arguments: `{call['input']}`")
+    for path in call.get("diffs") or []:
+        out.append(f"  - changed `{path}`")
+    if call.get("output"):
+        out.extend(["  - result:", "", "    ```", *("    " + line for line in str(call["output"]).splitlines()),
+                    "    ```"])
+    return out
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    print(SessionStore().transcript(args.id))
+    store = SessionStore()
+    conv = store.conversation(args.id)
+    print(render_markdown(conv, (r for sid in conv.ids for r in store.events(sid))), end="")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = SessionStore()
-    meta = store.meta(args.id)
-    print(json.dumps({"session": asdict(meta), "events": list(store.events(meta.id))}, ensure_ascii=False))
+    conv = store.conversation(args.id)
+    records = [r for sid in conv.ids for r in store.events(sid)]
+    if getattr(args, "format", "json") == "md":
+        print(render_markdown(conv, records), end="")
+        return 0
+    print(json.dumps({"session": asdict(conv.entries[0]), "entries": [asdict(m) for m in conv.entries],
+                      "events": records}, ensure_ascii=False))
     return 0
 
 
+# -- search ------------------------------------------------------------------------------------
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    hits = search_conversations(SessionStore(), args.query, limit=args.limit)
+    if getattr(args, "json", False):
+        print(json.dumps([{**_conversation_json(h.conversation), "score": round(h.score, 4), "snippet": h.snippet}
+                          for h in hits], ensure_ascii=False))
+        return 0
+    if not hits:
+        print(f"no saved session mentions {args.query!r}", file=sys.stderr)
+        return 1
+    for hit in hits:
+        print(conversation_line(hit.conversation))
+        if hit.snippet:
+            print("    " + sanitize(hit.snippet))
+    return 0
+
+
+# -- resume / create ---------------------------------------------------------------------------
+
+# What a chat started from `cru session resume|create` has when its parser did not give it.
+_CHAT_DEFAULTS: dict[str, Any] = {"agent": None, "agent_command": None, "kiln": None, "card": None, "cwd": None,
+                                  "prompt": None, "format": "text", "approve_all": False, "deny_all": False,
+                                  "record": None, "resume": None, "model": None, "mode": None}
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
-    meta = SessionStore().meta(args.id)
-    ns = argparse.Namespace(**{**vars(args), "resume": meta.id, "agent": None, "agent_command": None,
-                               "kiln": meta.kiln or None, "card": meta.card, "cwd": meta.cwd, "prompt": None,
-                               "format": "text", "approve_all": False, "deny_all": False, "record": None})
+    """The conversation goes on with its own agent, card, kiln and cwd, unless told otherwise
+    (crucible.chat.build_options reads them from the saved session)."""
+    from crucible.chat import cmd_chat  # the session stack, only for a chat
+
+    store = SessionStore()
+    first = store.conversation(args.id).id
+    ns = argparse.Namespace(**{**_CHAT_DEFAULTS, **vars(args), "resume": first})
     return cmd_chat(ns)
 
 
 def cmd_session_create(args: argparse.Namespace) -> int:
     """`cru session create --agent CARD`: a session from a card, as `cru chat --card CARD`."""
-    ns = argparse.Namespace(**{**vars(args), "card": args.agent, "agent": None, "agent_command": None,
-                               "cwd": None, "prompt": None, "format": "text", "approve_all": False,
-                               "deny_all": False, "record": None, "resume": None})
+    from crucible.chat import cmd_chat
+
+    ns = argparse.Namespace(**{**_CHAT_DEFAULTS, **vars(args), "card": args.agent, "agent": None})
     return cmd_chat(ns)

@@ -6,16 +6,24 @@ Each session is a folder `DATA/sessions/<id>/` with
 - `transcript.md` the conversation as markdown, readable without Crucible
 Writes are appends plus an atomic rewrite of session.json, so a crash loses at most the
 event being written.
+
+A conversation is one entry, whatever happens to the agent process: a resume or a /restart
+goes on writing into the entry it continues (a `resumed` record marks where). Only when that
+entry is open in another `cru` at the same time (its `.lock` is held) does the new part get an
+entry of its own, chained to the first by `resumed_from`; `conversations()` shows a chain as
+one. An id may be shortened to any unique prefix, of the whole id or of its random part.
 """
 
 from __future__ import annotations
 
+import builtins
+import fcntl
 import json
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,8 +47,31 @@ class SessionMeta:
     title: str = ""
     turns: int = 0
     parent: str | None = None  # the delegating session, for child sessions
-    resumed_from: str | None = None  # the saved session this one goes on from (resume, /restart)
+    resumed_from: str | None = None  # the entry this one goes on from, when that one was busy
     extra: dict[str, Any] = field(default_factory=dict)
+    # The argv of an `--agent-command` agent (resumed with the same command); None for a
+    # built-in or a profile, which `agent` names.
+    agent_command: list[str] | None = None
+    title_source: str = ""  # "agent" (its session_info_update) or "prompt" (the first one)
+
+    @classmethod
+    def from_json(cls, data: Any) -> SessionMeta:
+        """A saved session.json; keys this version does not know are kept in `extra`."""
+        if not isinstance(data, dict):
+            raise TypeError("session.json is not an object")
+        known = {f.name for f in fields(cls)}
+        meta = cls(**{k: v for k, v in data.items() if k in known})
+        meta.extra.update({k: v for k, v in data.items() if k not in known})
+        return meta
+
+
+# A title the agent sent is shown in lists and terminals: one line, bounded.
+TITLE_MAX = 120
+
+
+def clean_title(text: str) -> str:
+    line = " ".join(text.split())
+    return "".join(c for c in line if c.isprintable())[:TITLE_MAX]
 
 
 def sessions_root(env: Mapping[str, str] | None = None) -> Path:
@@ -63,6 +94,7 @@ class SessionWriter:
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
+        self.lock: IO[bytes] | None = None  # the entry's .lock, held while this writer is open
         if self._md.tell() == 0:
             self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
                            + (f" · card: {meta.card}" if meta.card else "") + f" · cwd: {meta.cwd}\n")
@@ -126,6 +158,9 @@ class SessionWriter:
         self.save_meta()
         self._events.close()
         self._md.close()
+        if self.lock is not None:
+            self.lock.close()  # releases the flock
+            self.lock = None
 
 
 def _md_line(event: Mapping[str, Any]) -> str:
@@ -136,6 +171,8 @@ def _md_line(event: Mapping[str, Any]) -> str:
         return f"- permission for `{event.get('title', '')}`: {event.get('decision', '')} ({event.get('reason', '')})"
     if kind == "turn_end":
         return f"*turn ended: {event.get('stop_reason', '')}*"
+    if kind == "resumed":
+        return f"*resumed with {event.get('agent', '')}*"
     if kind == "error":
         return f"**error:** {event.get('message', '')}"
     if kind == "plan":
@@ -145,45 +182,173 @@ def _md_line(event: Mapping[str, Any]) -> str:
     return ""
 
 
+@dataclass
+class Conversation:
+    """One conversation: its entries in order (more than one only when a part of it had to be
+    saved apart, see the module's doc). `id` is the first entry's: what resume and show take."""
+
+    entries: list[SessionMeta]
+
+    @property
+    def id(self) -> str:
+        return self.entries[0].id
+
+    @property
+    def latest(self) -> SessionMeta:
+        return max(self.entries, key=lambda m: m.updated)
+
+    @property
+    def updated(self) -> float:
+        return self.latest.updated
+
+    @property
+    def turns(self) -> int:
+        return sum(m.turns for m in self.entries)
+
+    @property
+    def title(self) -> str:
+        by_agent = [m.title for m in self.entries if m.title and m.title_source == "agent"]
+        if by_agent:
+            return by_agent[-1]
+        return next((m.title for m in self.entries if m.title), "")
+
+    @property
+    def agent(self) -> str:
+        return self.latest.agent
+
+    @property
+    def card(self) -> str | None:
+        return self.latest.card
+
+    @property
+    def ids(self) -> list[str]:
+        return [m.id for m in self.entries]
+
+
+def message_records(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The records with each message that was saved in parts (`"cont": true`, written when a
+    long stream was flushed mid-way) joined into one."""
+    held: dict[str, Any] | None = None
+    for record in records:
+        if record.get("cont") and held is not None and held.get("type") == record.get("type"):
+            held = {**held, "text": str(held.get("text", "")) + str(record.get("text", ""))}
+            continue
+        if held is not None:
+            yield held
+        held = record
+    if held is not None:
+        yield held
+
+
 class SessionStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or sessions_root()
 
     def create(self, meta: SessionMeta) -> SessionWriter:
-        return SessionWriter(self.root / meta.id, meta)
+        writer = SessionWriter(self.root / meta.id, meta)
+        writer.lock = _try_lock(writer.folder)
+        return writer
 
     def reopen(self, session_id: str) -> SessionWriter:
         return SessionWriter(self.root / session_id, self.meta(session_id))
 
+    def continue_conversation(self, ref: str, meta: SessionMeta) -> tuple[SessionWriter, bool]:
+        """A writer that goes on with the conversation `ref`: its own entry, updated with what
+        `meta` says of the new run (agent, card, kiln, cwd), with a `resumed` record; or, when
+        that entry is open in another process, a new entry chained to it (then False)."""
+        first = self.conversation(ref).entries[0]
+        folder = self.root / first.id
+        lock = _try_lock(folder)
+        if lock is None:
+            chained = SessionMeta(**{**asdict(meta), "resumed_from": first.id})
+            return self.create(chained), False
+        current = self.meta(first.id)
+        current.agent, current.agent_command = meta.agent, meta.agent_command
+        current.cwd, current.kiln, current.card = meta.cwd, meta.kiln, meta.card
+        writer = SessionWriter(folder, current)
+        writer.lock = lock
+        writer.append({"type": "resumed", "agent": meta.agent})
+        return writer, True
+
     def list(self) -> list[SessionMeta]:
+        """Every entry, newest first (see `conversations` for what a person is shown)."""
         out = []
         if self.root.is_dir():
             for folder in self.root.iterdir():
                 try:
-                    out.append(self.meta(folder.name))
+                    out.append(self._load(folder))
                 except CrucibleError:
                     continue
         return sorted(out, key=lambda m: m.updated, reverse=True)
 
-    def _folder(self, session_id: str) -> Path:
-        if not session_id or "/" in session_id or session_id.startswith("."):
-            raise CrucibleError(f"no saved session {session_id!r}", "see `cru session list`")
-        folder = self.root / session_id
-        if not (folder / "session.json").is_file():
-            matches = [p for p in self.root.glob(f"*{session_id}*") if (p / "session.json").is_file()] \
-                if self.root.is_dir() else []
-            if len(matches) == 1:
-                return matches[0]
-            raise CrucibleError(f"no saved session {session_id!r}", "see `cru session list`")
-        return folder
+    def conversations(self, *, include_empty: bool = False, include_children: bool = False) -> builtins.list[Conversation]:
+        """The conversations, newest first: a chain of entries is one; those without a single
+        turn are left out unless `include_empty`, delegated children unless `include_children`."""
+        metas = {m.id: m for m in self.list()}
+        groups: dict[str, list[SessionMeta]] = {}
+        for meta in metas.values():
+            groups.setdefault(_first_of(meta, metas), []).append(meta)
+        out = []
+        for first, entries in groups.items():
+            entries.sort(key=lambda m: (m.id != first, m.created))
+            conv = Conversation(entries)
+            if not include_children and conv.entries[0].parent is not None:
+                continue
+            if not include_empty and conv.turns == 0:
+                continue
+            out.append(conv)
+        return sorted(out, key=lambda c: c.updated, reverse=True)
 
-    def meta(self, session_id: str) -> SessionMeta:
-        folder = self._folder(session_id)
+    def conversation(self, ref: str) -> Conversation:
+        """The conversation the session `ref` (an id or a unique prefix) belongs to."""
+        metas = {m.id: m for m in self.list()}
+        target = metas.get(self.resolve(ref))
+        if target is None:
+            raise CrucibleError(f"no saved session {ref!r}", "see `cru session list`")
+        first = _first_of(target, metas)
+        entries = [m for m in metas.values() if _first_of(m, metas) == first]
+        entries.sort(key=lambda m: (m.id != first, m.created))
+        return Conversation(entries)
+
+    def resolve(self, ref: str) -> str:
+        """The full id of session `ref`: an id, or a unique prefix of one (or of its random
+        part, the last six characters). An ambiguous prefix is an error listing the candidates."""
+        if not ref or "/" in ref or "\\" in ref or ref.startswith("."):
+            raise CrucibleError(f"no saved session {ref!r}", "see `cru session list`")
+        if (self.root / ref / "session.json").is_file():
+            return ref
+        names = sorted(p.name for p in self.root.iterdir()
+                       if (p / "session.json").is_file()) if self.root.is_dir() else []
+        matches = [n for n in names if n.startswith(ref) or n.rsplit("-", 1)[-1].startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise CrucibleError(f"no saved session {ref!r}", "see `cru session list`")
+        shown = []
+        for name in matches[:10]:
+            try:
+                m = self._load(self.root / name)
+                shown.append(f"{name}  {_when(m.updated)}  {m.agent}  {m.title[:40]}")
+            except CrucibleError:
+                shown.append(name)
+        more = f" (and {len(matches) - 10} more)" if len(matches) > 10 else ""
+        raise CrucibleError(f"the session id {ref!r} is ambiguous; it starts {len(matches)} sessions{more}:\n  "
+                            + "\n  ".join(shown), "give more of the id")
+
+    def _folder(self, session_id: str) -> Path:
+        return self.root / self.resolve(session_id)
+
+    def _load(self, folder: Path) -> SessionMeta:
         try:
             data = json.loads((folder / "session.json").read_text(encoding="utf-8"))
-            return SessionMeta(**data)
+            return SessionMeta.from_json(data)
+        except FileNotFoundError:
+            raise CrucibleError(f"no saved session {folder.name!r}", "see `cru session list`") from None
         except (OSError, ValueError, TypeError) as exc:
-            raise CrucibleError(f"saved session {session_id!r} is damaged ({exc.__class__.__name__})") from None
+            raise CrucibleError(f"saved session {folder.name!r} is damaged ({exc.__class__.__name__})") from None
+
+    def meta(self, session_id: str) -> SessionMeta:
+        return self._load(self._folder(session_id))
 
     def events(self, session_id: str) -> Iterator[dict[str, Any]]:
         path = self._folder(session_id) / "events.jsonl"
@@ -192,26 +357,25 @@ class SessionStore:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 try:
-                    yield json.loads(line)
+                    record = json.loads(line)
                 except ValueError:
                     continue  # a torn last line after a crash
+                if isinstance(record, dict):
+                    yield record
+
+    def conversation_events(self, ref: str) -> Iterator[dict[str, Any]]:
+        """Every record of the conversation `ref` belongs to, entry after entry, each message
+        whole (see `message_records`)."""
+        for sid in self.conversation(ref).ids:
+            yield from message_records(self.events(sid))
 
     def transcript(self, session_id: str) -> str:
         return (self._folder(session_id) / "transcript.md").read_text(encoding="utf-8")
 
     def history_as_context(self, session_id: str, max_chars: int = 20000) -> str:
         """The conversation so far, as text to hand a fresh agent session when it cannot load the old one."""
-        # A session resumed from another holds only its own turns: walk back the chain first.
-        chain: list[str] = []
-        current: str | None = session_id
-        while current is not None and current not in chain and len(chain) < 50:
-            chain.append(current)
-            try:
-                current = self.meta(current).resumed_from
-            except CrucibleError:
-                break
         lines: list[str] = []
-        for ev in (ev for sid in reversed(chain) for ev in self.events(sid)):
+        for ev in self.conversation_events(session_id):
             if ev.get("type") == "user_message":
                 lines.append(f"User: {ev.get('text', '')}")
             elif ev.get("type") == "agent_message":
@@ -219,3 +383,107 @@ class SessionStore:
         text = "\n\n".join(lines)
         return text[-max_chars:]
 
+
+def _first_of(meta: SessionMeta, metas: Mapping[str, SessionMeta]) -> str:
+    """The first entry of `meta`'s conversation (walking `resumed_from` back, loops cut)."""
+    seen = {meta.id}
+    current = meta
+    while current.resumed_from and current.resumed_from in metas and current.resumed_from not in seen:
+        current = metas[current.resumed_from]
+        seen.add(current.id)
+    return current.id
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _try_lock(folder: Path) -> IO[bytes] | None:
+    """The entry's lock, held until closed; None when another process holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fh = open(folder / ".lock", "ab")  # noqa: SIM115 - held for the writer's life
+    try:
+        os.chmod(folder / ".lock", 0o600)
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        return None
+    return fh
+
+
+# -- search ------------------------------------------------------------------------------------
+
+# Text of one conversation read for the index (characters): a flood of output says little more.
+SEARCH_TEXT_MAX = 2_000_000
+
+
+@dataclass(frozen=True)
+class SessionHit:
+    conversation: Conversation
+    score: float
+    snippet: str  # the part of a message that matched, one line
+
+
+def _conversation_text(store: SessionStore, conv: Conversation) -> list[str]:
+    """The searchable texts of a conversation: the person's and the agent's messages and the
+    tool calls' titles, in order, bounded by SEARCH_TEXT_MAX."""
+    texts: list[str] = []
+    size = 0
+    for sid in conv.ids:
+        for record in message_records(store.events(sid)):
+            kind = record.get("type")
+            if kind in ("user_message", "history_user_message", "agent_message"):
+                text = str(record.get("text", ""))
+            elif kind == "tool_call" and record.get("title"):
+                text = str(record.get("title"))
+            else:
+                continue
+            texts.append(text)
+            size += len(text)
+            if size >= SEARCH_TEXT_MAX:
+                return texts
+    return texts
+
+
+def search_conversations(store: SessionStore, query: str, limit: int = 10) -> list[SessionHit]:
+    """Every saved conversation, across agents, ranked by BM25 over its title (counted twice)
+    and the full text of its transcript; each hit with the line that matched best."""
+    # The kiln's lexical search: the same words, stems and stop words as a note search.
+    from crucible.kiln.index import Bm25, tokenize
+
+    terms = tokenize(query)
+    if not terms:
+        raise CrucibleError(f"nothing to search for in {query!r}", "use words that are not all stop words")
+    bm25 = Bm25()
+    convs: dict[str, tuple[Conversation, list[str]]] = {}
+    for conv in store.conversations(include_children=True):
+        texts = _conversation_text(store, conv)
+        tokens = tokenize(conv.title) * 2
+        for text in texts:
+            tokens.extend(tokenize(text))
+        bm25.add(conv.id, tokens)
+        convs[conv.id] = (conv, texts)
+    hits = []
+    wanted = set(terms)
+    for conv_id, score in bm25.search(terms, limit):
+        conv, texts = convs[conv_id]
+        hits.append(SessionHit(conv, score, _snippet([conv.title, *texts], wanted)))
+    return hits
+
+
+def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
+    """The line of `texts` with the most of the `wanted` terms, cut to `width` around the first."""
+    from crucible.kiln.index import tokenize
+
+    best, best_count = "", 0
+    for text in texts:
+        for line in text.splitlines():
+            count = len(wanted & set(tokenize(line)))
+            if count > best_count:
+                best, best_count = line.strip(), count
+    if len(best) <= width:
+        return best
+    lowered = best.lower()
+    first = min((i for i in (lowered.find(t[:4]) for t in wanted) if i >= 0), default=0)
+    start = max(0, first - width // 3)
+    return ("…" if start else "") + best[start:start + width] + "…"

@@ -37,7 +37,13 @@ from crucible.permissions import (
     ToolKey,
     tool_key_from_acp,
 )
-from crucible.session_store import SessionMeta, SessionStore, SessionWriter, new_session_id
+from crucible.session_store import (
+    SessionMeta,
+    SessionStore,
+    SessionWriter,
+    clean_title,
+    new_session_id,
+)
 from mcp_bridge import BRIDGE_NAME
 
 if TYPE_CHECKING:
@@ -124,6 +130,11 @@ class SessionOptions:
     parent_policy: PermissionPolicy | None = None
     parent_id: str | None = None
     resume: str | None = None  # a saved Crucible session id
+    # The agent's model and mode the person asked for (--model, --mode): set after session/new,
+    # an error listing what the agent offers when it has no such value.
+    model: str | None = None
+    mode: str | None = None
+    cancel_timeout: float = 30.0  # how long a cancelled turn may take to end before it is dropped
     # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
     on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
@@ -222,6 +233,7 @@ class CrucibleSession:
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
         self.resumed_natively = False  # the agent loaded its own history (session/load|resume)
+        self.previous: SessionMeta | None = None  # the saved session this one goes on from, as it was
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
@@ -310,8 +322,9 @@ class CrucibleSession:
         blocks = self.prompt_blocks(text, extra_blocks)
         self.preamble_pending = False
         self.writer.append({"type": "user_message", "text": text})
-        if not self.writer.meta.title:
-            self.writer.meta.title = text.strip().splitlines()[0][:80] if text.strip() else ""
+        if not self.writer.meta.title and text.strip():
+            self.writer.meta.title = clean_title(text.strip().splitlines()[0])[:80]
+            self.writer.meta.title_source = "prompt"
         try:
             return await self.acp.prompt(blocks)
         finally:
@@ -425,9 +438,21 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                                   card_name=card_name, label=label)
     meta = SessionMeta(id=new_session_id(), agent=opts.agent.name, created=time.time(), updated=time.time(),
                        cwd=str(opts.cwd), kiln=str(opts.kiln), card=card_name, parent=opts.parent_id,
-                       resumed_from=opts.resume)
-    writer = store.create(meta)
+                       agent_command=opts.agent.argv if opts.agent.source == "--agent-command" else None)
+    previous: SessionMeta | None = None
+    saved_apart = False
+    if opts.resume:
+        # The conversation goes on in its own entry (see crucible/session_store.py).
+        previous = store.meta(opts.resume)
+        writer, in_place = store.continue_conversation(opts.resume, meta)
+        saved_apart = not in_place
+    else:
+        writer = store.create(meta)
     session = CrucibleSession(opts, policy, writer)
+    session.previous = previous
+    if saved_apart:
+        session.warn(f"the conversation {previous.id if previous else ''} is open in another cru: this part "
+                     f"is saved as {writer.meta.id}, listed with it")
 
     bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
@@ -460,6 +485,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 writer.meta.agent_session_id = acp.session_id
                 writer.save_meta()
                 await _apply_card_settings(session, acp)
+                await _apply_requested_settings(session, acp)
                 with trio.move_on_after(BRIDGE_GRACE):
                     await session.bridge_listed.wait()
                 if not session.bridge_listed.is_set():
@@ -506,27 +532,83 @@ async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> Non
         return
     problems: list[str] = []
     if card.mode:
-        if any(m.id == card.mode for m in acp.state.modes):
-            try:
-                await acp.set_mode(card.mode)
-            except JsonRpcError as exc:
-                problems.append(f"the agent refused mode {card.mode!r}: {exc.message}")
-        else:
-            offered = ", ".join(m.id for m in acp.state.modes) or "none"
-            problems.append(f"card {card.name} asks for mode {card.mode!r}; the agent offers: {offered}")
+        problem = await set_mode(acp, card.mode)
+        if problem:
+            problems.append(f"card {card.name} asks for mode {card.mode!r}; {problem}")
     if card.model:
-        option = next(iter(acp.state.models), None)
-        values = _option_values(option)
-        if option is not None and card.model in values:
-            try:
-                await acp.set_config_option(option.id, card.model)
-            except JsonRpcError as exc:
-                problems.append(f"the agent refused model {card.model!r}: {exc.message}")
-        else:
-            problems.append(f"card {card.name} asks for model {card.model!r}; the agent offers: "
-                            f"{', '.join(values) or 'no model choice'}")
+        problem = await set_model(acp, card.model)
+        if problem:
+            problems.append(f"card {card.name} asks for model {card.model!r}; {problem}")
     for problem in problems:
         session.warn(problem)
+
+
+async def _apply_requested_settings(session: CrucibleSession, acp: AcpSession) -> None:
+    """--mode and --model: the person asked for them, so a value the agent lacks is an error."""
+    opts = session.opts
+    for what, value, setter in (("mode", opts.mode, set_mode), ("model", opts.model, set_model)):
+        if value:
+            problem = await setter(acp, value)
+            if problem:
+                raise CrucibleError(f"the agent {opts.agent.name} has no {what} {value!r}: {problem}",
+                                    f"pass one of the values it offers with --{what}, or leave --{what} out")
+
+
+async def set_mode(acp: AcpSession, wanted: str) -> str | None:
+    """Switch the agent to mode `wanted` (its modes, else its config option of category mode).
+    None when done, else what went wrong, with what the agent offers."""
+    ids = [m.id for m in acp.state.modes]
+    option = next((o for o in acp.state.config_options if getattr(o, "category", None) == "mode"), None)
+    values = _option_values(option)
+    try:
+        if wanted in ids:
+            await acp.set_mode(wanted)
+            return None
+        chosen = _pick(wanted, values, _option_names(option))
+        if option is not None and chosen is not None:
+            await acp.set_config_option(option.id, chosen)
+            return None
+    except JsonRpcError as exc:
+        return f"the agent refused it: {exc.message}"
+    return f"the agent offers: {', '.join(ids or values) or 'no modes'}"
+
+
+async def set_model(acp: AcpSession, wanted: str) -> str | None:
+    """Switch the agent to model `wanted` (a value of its config option of category model, or
+    a unique short form of one: `fake-model` for `fake/fake-model`, or its name)."""
+    option = next(iter(acp.state.models), None)
+    values = _option_values(option)
+    chosen = _pick(wanted, values, _option_names(option))
+    if option is None or chosen is None:
+        return f"the agent offers: {', '.join(values) or 'no model choice'}"
+    try:
+        await acp.set_config_option(option.id, chosen)
+    except JsonRpcError as exc:
+        return f"the agent refused it: {exc.message}"
+    return None
+
+
+def _pick(wanted: str, values: list[str], names: dict[str, str]) -> str | None:
+    """`wanted` if offered, else the one value it is a short form or the name of."""
+    if wanted in values:
+        return wanted
+    lowered = wanted.lower()
+    for candidates in ([v for v in values if v.rsplit("/", 1)[-1] == wanted],
+                       [v for v, n in names.items() if n.lower() == lowered]):
+        if len(candidates) == 1:
+            return candidates[0]
+    return None
+
+
+def _option_names(option: Any) -> dict[str, str]:
+    """value -> name of a select config option's choices (flat or grouped)."""
+    out: dict[str, str] = {}
+    for item in getattr(option, "options", None) or []:
+        for choice in [item, *(getattr(item, "options", None) or [])]:
+            value, name = getattr(choice, "value", None), getattr(choice, "name", None)
+            if isinstance(value, str) and isinstance(name, str):
+                out[value] = name
+    return out
 
 
 def _option_values(option: Any) -> list[str]:
@@ -544,9 +626,10 @@ def _option_values(option: Any) -> list[str]:
 
 async def _start_acp_session(session: CrucibleSession, client: AcpClient, servers: list[dict[str, Any]]) -> AcpSession:
     opts = session.opts
-    kw: dict[str, Any] = {"policy": session.on_acp_permission, "inactivity_timeout": opts.inactivity_timeout}
-    if opts.resume and opts.store is not None:
-        old = opts.store.meta(opts.resume)
+    kw: dict[str, Any] = {"policy": session.on_acp_permission, "inactivity_timeout": opts.inactivity_timeout,
+                          "cancel_timeout": opts.cancel_timeout}
+    old = session.previous
+    if old is not None:
         caps = client.capabilities
         session_caps = getattr(caps, "session_capabilities", None)
         if old.agent_session_id and old.agent == opts.agent.name:

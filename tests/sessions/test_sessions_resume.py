@@ -47,10 +47,10 @@ def test_resume_the_agent_lost_falls_back_to_the_saved_conversation(chat: ChatRu
     methods = [e["frame"].get("method") for e in chat.agent_log() if e.get("kind") == "in"]
     assert methods.count("session/resume") == 1 and methods.count("session/new") == 2
 
-    # Resumed again from the second session: the context still starts at the first one.
-    out = subprocess.run([chat.cru, "session", "list"], env=chat.env, capture_output=True, text=True, check=True)
-    second = next(line.split()[0] for line in out.stdout.splitlines() if line.strip() and old not in line)
-    res = chat.run(lost, "and now?", "--resume", second)
+    # One conversation, one entry: resumed again, the context holds both turns, in order.
+    assert _only_session_id(chat) == old
+    res = chat.run(lost, "and now?", "--resume", old)
     assert res.returncode == 0, res.stderr
     context = res.stdout.split("</previous_conversation>")[0]
     assert context.index("User: remember the word pineapple") < context.index("User: which word?")
+    assert _only_session_id(chat) == old
