@@ -440,6 +440,9 @@ class AcpSession:
         self._busy = 0
         self._last_activity = trio.current_time()
         self.closed = False
+        # The host's reading of an agent's error answer to a prompt (its cause and fix, for the
+        # person), used instead of the bare error when it returns one.
+        self.explain_error: Callable[[JsonRpcError], str | None] | None = None
 
     # -- state from session/new|load|resume --------------------------------------------
     def apply_session_result(self, result: Any) -> None:
@@ -693,7 +696,8 @@ class AcpSession:
                     # stopReason the spec asks for: same meaning.
                     result = {"stopReason": "cancelled"}
                 else:
-                    error = f"the agent failed the turn: {describe_rpc_error(e)}"
+                    explained = self.explain_error(e) if self.explain_error is not None else None
+                    error = explained or f"the agent failed the turn: {describe_rpc_error(e)}"
             except ConnectionClosed:
                 error = await self._conn.describe_exit()
             finally:

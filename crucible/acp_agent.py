@@ -717,6 +717,9 @@ class AcpAgentServer:
         await self._tell_warnings(proxy)
         ended = await self._turn(proxy, text, extra)
         if ended.error is not None:
+            failure = proxy.cs.failure  # a known cause: the editor gets it with the fix
+            if failure is not None:
+                raise _rpc_error(CrucibleError(failure.cause, failure.fix))
             raise JsonRpcError(INTERNAL_ERROR, ended.error)
         result: dict[str, Any] = {"stopReason": ended.stop_reason}
         if ended.usage is not None:

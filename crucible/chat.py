@@ -10,15 +10,17 @@ object per event on stdout instead. Permission requests follow `--approve-all` /
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from acp_host.registry import AgentRegistryError, auth_hint, install_hint, resolve_agent
+from acp_host.registry import AgentRegistryError, install_hint, resolve_agent
 from crucible.config import load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.session_store import SessionStore
@@ -43,6 +45,9 @@ EXIT_CANCELLED = 130
 # claude-agent-acp never exits on stdin EOF, so waiting the usual 2 s before SIGTERM only
 # delays the person. Agents that do exit on EOF (opencode, gemini) do it well within this.
 HEADLESS_EXIT_GRACE = 0.5
+# After Ctrl-C in -p, how long the agent may take to end its turn (session/cancel) before it is
+# stopped anyway: a person at a shell waits seconds, not the 30 s the chat allows.
+HEADLESS_CANCEL_GRACE = 3.0
 
 
 def build_options(args: argparse.Namespace) -> SessionOptions:
@@ -112,62 +117,102 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
-    async with trio.open_nursery() as owner:
-        # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.5 s):
-        # it boots while we import, in a thread.
-        process = await spawn_agent(owner, opts)
-        process.exit_grace = HEADLESS_EXIT_GRACE
-        await trio.to_thread.run_sync(preload)
-        from crucible.renderers import printer_for  # acp.schema: imported by `preload` just now
-
-        printer = printer_for(fmt)
-        ended, _ = await _one_turn(opts, text, printer, process)
-    return _exit_code(opts, ended, printer)
+    return await _HeadlessRun(opts, text, fmt).run()
 
 
-async def _one_turn(opts: Any, text: str, printer: Printer, process: Any) -> tuple[Any, bool]:
-    from crucible.events import Pipeline  # acp.schema: loaded by `preload` while the agent boots
+class _HeadlessRun:
+    """One `cru chat -p` turn, and what Ctrl-C does to it: while the agent starts (no prompt
+    sent yet), stop at once; during the turn, cancel it gracefully (session/cancel), bounded by
+    HEADLESS_CANCEL_GRACE for an agent that ignores the cancel; a second Ctrl-C stops at once."""
 
-    cancelled_by_user = False
-    ended: Any = None
-    async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
-        pipeline = Pipeline(session, [printer])
-        for warning in session.warnings:
-            pipeline.notice(f"[warning] {warning}")
+    def __init__(self, opts: Any, text: str, fmt: str) -> None:
+        self.opts, self.text, self.fmt = opts, text, fmt
+        opts.cancel_timeout = HEADLESS_CANCEL_GRACE
+        self.printer: Printer | None = None
+        self.session: Any = None
+        self.prompt_sent = False
+        self.interrupted: str | None = None  # where the first Ctrl-C came: "starting" or "turn"
+        self.work = trio.CancelScope()
 
-        async def on_sigint(cancel_scope: trio.CancelScope) -> None:
-            nonlocal cancelled_by_user
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for _ in signals:
-                    if not cancelled_by_user:
-                        cancelled_by_user = True
-                        pipeline.notice("[cancel] cancelling the turn (Ctrl-C again to stop at once)")
-                        await session.cancel()
-                    else:
-                        cancel_scope.cancel()
-                        return
-
+    async def run(self) -> int:
+        ended: Any = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(on_sigint, nursery.cancel_scope)
-            ended = await pipeline.turn(text)
+            await nursery.start(self._watch_signals)
+            with self.work:
+                ended = await self._start_and_turn()
             nursery.cancel_scope.cancel()
-    return ended, cancelled_by_user
+        return self._exit_code(ended)
 
+    async def _watch_signals(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # SIGTERM is taken as Ctrl-C is (a graceful stop), so the agent never outlives us.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                acp = self.session.acp if self.session is not None else None
+                if self.interrupted is None and acp is not None and acp.turn_running:
+                    self.interrupted = "turn"
+                    self._note(f"[cancel] cancelling the turn (waiting up to {HEADLESS_CANCEL_GRACE:g} s; "
+                               "Ctrl-C again to stop at once)")
+                    await self.session.cancel()
+                    continue
+                if self.interrupted is None:
+                    self.interrupted = "turn" if self.prompt_sent else "starting"
+                self.work.cancel()
+                return
 
-def _exit_code(opts: Any, ended: Any, printer: Printer) -> int:
-    if ended is None:
-        return EXIT_CANCELLED
-    if ended.error:
-        message = ended.error
-        lowered = message.lower()
-        if "authentication" in lowered or "api key" in lowered or "login" in lowered:
-            raise CrucibleError(f"the agent {opts.agent.name} needs you to log in: {message}",
-                                auth_hint(opts.agent.name))
-        raise CrucibleError(f"the turn failed: {message}")
-    if ended.stop_reason == "end_turn":
-        return EXIT_OK
-    if ended.stop_reason == "cancelled":
-        printer.note("[cancelled] the turn was cancelled")
-        return EXIT_CANCELLED
-    printer.note(f"[stopped] the turn ended with stopReason {ended.stop_reason}")
-    return EXIT_FAILED
+    async def _start_and_turn(self) -> Any:
+        opts = self.opts
+        async with trio.open_nursery() as owner:
+            # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.5 s):
+            # it boots while we import, in a thread.
+            process = await spawn_agent(owner, opts)
+            process.exit_grace = HEADLESS_EXIT_GRACE
+            await trio.to_thread.run_sync(preload, abandon_on_cancel=True)
+            # acp.schema: imported by `preload` just now
+            from crucible.events import Pipeline
+            from crucible.renderers import printer_for
+
+            self.printer = printer_for(self.fmt)
+            async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
+                self.session = session
+                pipeline = Pipeline(session, [self.printer])
+                for warning in session.warnings:
+                    pipeline.notice(f"[warning] {warning}")
+                self.prompt_sent = True
+                return await pipeline.turn(self.text)
+        return None  # not reached: the turn returns from inside (mypy cannot tell)
+
+    def _note(self, text: str) -> None:
+        if self.printer is not None:
+            self.printer.note(text)
+        elif self.fmt == "json":
+            sys.stdout.write(json.dumps({"type": "note", "message": text}) + "\n")
+            sys.stdout.flush()
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    def _exit_code(self, ended: Any) -> int:
+        grace = f"{HEADLESS_CANCEL_GRACE:g}"
+        if self.interrupted == "starting":
+            self._note("[cancelled] stopped by Ctrl-C while the agent was starting; no prompt was sent")
+            return EXIT_CANCELLED
+        if ended is None:
+            self._note("[cancelled] stopped at once by a second Ctrl-C; the agent was stopped")
+            return EXIT_CANCELLED
+        if ended.error and self.interrupted == "turn":
+            self._note(f"[cancelled] the agent did not end the turn within {grace} s of the cancel; "
+                       "it was stopped")
+            return EXIT_CANCELLED
+        if ended.error:
+            failure = self.session.failure if self.session is not None else None
+            if failure is not None:
+                raise CrucibleError(failure.cause, failure.fix)
+            raise CrucibleError(f"the turn failed: {ended.error}")
+        if ended.stop_reason == "end_turn":
+            return EXIT_OK
+        if ended.stop_reason == "cancelled":
+            self._note("[cancelled] the turn was cancelled")
+            return EXIT_CANCELLED
+        self._note(f"[stopped] the turn ended with stopReason {ended.stop_reason}")
+        return EXIT_FAILED

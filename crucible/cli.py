@@ -172,8 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt:
+        print("cru: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     except BaseException as exc:  # noqa: B036 - trio nurseries wrap errors in groups
+        if _only_interrupts(exc):
+            print("cru: interrupted (Ctrl-C)", file=sys.stderr)
+            return 130
         err = _user_error(exc)
         if err is None:
             raise
@@ -184,6 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The `cru` program is about to exit: spare the interpreter's last collections over
             # the SDKs' ~10^5 objects (0.2-0.5 s before the shell gets its prompt back).
             gc.freeze()
+
+
+def _only_interrupts(exc: BaseException) -> bool:
+    """A Ctrl-C, possibly wrapped in (nested) exception groups by trio nurseries."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_interrupts(inner) for inner in exc.exceptions)
+    return isinstance(exc, KeyboardInterrupt)
 
 
 def _user_error(exc: BaseException) -> BaseException | None:

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from crucible.errors import CrucibleError
+from crucible.start_failures import agent_env, agent_kind, sandbox_problem
 
 PROBE_TIMEOUT = 20.0
 
@@ -32,6 +33,9 @@ class AgentReport:
     logged_in: bool | None = None  # None: cannot tell from here
     problem: str | None = None
     fix: str | None = None
+    # What `cru agents` and `cru doctor` print for it: ok (and only with no problem), login,
+    # broken or missing.
+    state: str = "ok"
 
 
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
@@ -39,7 +43,9 @@ class AgentReport:
 _CREDENTIALS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "claude": (("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"), ("~/.claude/.credentials.json",)),
     "gemini": (("GEMINI_API_KEY", "GOOGLE_API_KEY"), ("~/.gemini/oauth_creds.json",)),
-    "opencode": ((), ("~/.local/share/opencode/auth.json",)),
+    # OpenCode has free hosted models and reads keys from its own config: only a login file or an
+    # inline config tells (else: cannot tell, never "no login").
+    "opencode": (("OPENCODE_CONFIG_CONTENT",), ("~/.local/share/opencode/auth.json",)),
     "codex": (("OPENAI_API_KEY",), ("~/.codex/auth.json",)),
 }
 
@@ -51,7 +57,9 @@ def logged_in(name: str, env: dict[str, str] | None = None) -> bool | None:
     variables, files = _CREDENTIALS[name]
     if any(env.get(v) for v in variables):
         return True
-    return any(Path(f).expanduser().exists() for f in files)
+    if any(Path(f).expanduser().exists() for f in files):
+        return True
+    return None if name == "opencode" else False
 
 
 async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentReport:
@@ -64,6 +72,7 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
     if not spec.found:
         report.problem = "not installed (not on PATH)"
         report.fix = install_hint(spec.name)
+        report.state = "missing"
         return report
     async with trio.open_nursery() as nursery:
         try:
@@ -73,6 +82,7 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
             report.speaks_acp = False
             report.problem = str(exc).strip().splitlines()[0][:300]
             report.fix = "check that the command runs by hand; for a built-in agent: " + install_hint(spec.name)
+            report.state = "broken"
             return report
         try:
             init = client.init
@@ -82,10 +92,16 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
                 report.version = init.agent_info.version
             if init is not None and init.auth_methods:
                 report.auth_methods = [m.id for m in init.auth_methods]
-            report.logged_in = logged_in(spec.name, {**os.environ, **spec.env})
-            if report.logged_in is False:
+            env = agent_env(spec)
+            kind = agent_kind(spec)
+            report.logged_in = logged_in(kind or spec.name, env)
+            refused = sandbox_problem(env) if kind == "claude" else None
+            if refused is not None:  # before the login: it would fail even logged in
+                report.problem, report.fix, report.state = refused.cause, refused.fix, "broken"
+            elif report.logged_in is False:
                 report.problem = "no login or API key found"
-                report.fix = auth_hint(spec.name)
+                report.fix = auth_hint(kind or spec.name)
+                report.state = "login"
         finally:
             await client.aclose()
     return report
@@ -119,13 +135,7 @@ async def _probe_all(specs: list[Any]) -> list[AgentReport]:
 
 def _print_agents(reports: list[AgentReport]) -> None:
     for r in reports:
-        if not r.found:
-            state = "missing"
-        elif r.speaks_acp:
-            state = "ok"
-        else:
-            state = "broken"
-        print(f"{r.name:<10} {state:<8} {r.agent_info or '':<32} {r.command}")
+        print(f"{r.name:<10} {r.state:<8} {r.agent_info or '':<32} {r.command}")
         if r.problem:
             print(f"{'':<10} problem: {r.problem}")
         if r.fix:
@@ -212,7 +222,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 print(f"    {'':<9} fix: {c.fix}")
         print()
         _print_agents(reports)
-    usable = any(r.speaks_acp for r in reports)
+    usable = any(r.state in ("ok", "login") for r in reports)
     if not usable:
         print("\nno agent speaks ACP here: install one of the above (the fix lines say how)", file=sys.stderr)
     return 0 if all(c.ok for c in checks) and usable else 1

@@ -181,7 +181,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_session_create(args: argparse.Namespace) -> int:
     """`cru session create --agent CARD`: a session from a card, as `cru chat --card CARD`."""
-    from crucible.chat import cmd_chat
+    from crucible.chat import cmd_chat  # the session stack, only for a chat
 
     ns = argparse.Namespace(**{**_CHAT_DEFAULTS, **vars(args), "card": args.agent, "agent": None})
     return cmd_chat(ns)

@@ -473,7 +473,7 @@ def search_conversations(store: SessionStore, query: str, limit: int = 10) -> li
 
 def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
     """The line of `texts` with the most of the `wanted` terms, cut to `width` around the first."""
-    from crucible.kiln.index import tokenize
+    from crucible.kiln.index import tokenize  # the kiln's search stack: only when searching
 
     best, best_count = "", 0
     for text in texts:

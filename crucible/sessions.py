@@ -29,7 +29,7 @@ import trio
 
 from acp_host.jsonrpc import JsonRpcError
 from acp_host.process import AgentProcess, AgentStartError
-from acp_host.registry import AgentSpec, auth_hint, install_hint
+from acp_host.registry import AgentSpec, install_hint
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     READ_ONLY_BRIDGE_TOOLS,
@@ -43,6 +43,14 @@ from crucible.session_store import (
     SessionWriter,
     clean_title,
     new_session_id,
+)
+from crucible.start_failures import (
+    Evidence,
+    Failure,
+    agent_env,
+    agent_kind,
+    diagnose,
+    stderr_summary,
 )
 from mcp_bridge import BRIDGE_NAME
 
@@ -234,6 +242,7 @@ class CrucibleSession:
         self.on_notice: Callable[[str], None] | None = None
         self.resumed_natively = False  # the agent loaded its own history (session/load|resume)
         self.previous: SessionMeta | None = None  # the saved session this one goes on from, as it was
+        self.failure: Failure | None = None  # the known cause of the last failed turn
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
@@ -321,6 +330,7 @@ class CrucibleSession:
         assert self.acp is not None
         blocks = self.prompt_blocks(text, extra_blocks)
         self.preamble_pending = False
+        self.failure = None
         self.writer.append({"type": "user_message", "text": text})
         if not self.writer.meta.title and text.strip():
             self.writer.meta.title = clean_title(text.strip().splitlines()[0])[:80]
@@ -333,6 +343,18 @@ class CrucibleSession:
             if self.delegation is not None and not self.acp.turn_running:
                 with trio.CancelScope(shield=True):
                     await self.delegation.end_turn()
+
+    def explain_turn_error(self, exc: JsonRpcError) -> str | None:
+        """A failed turn's cause and fix, when it is a known failure (crucible/start_failures.py);
+        kept in `failure` for `cru chat -p` and `cru acp`."""
+        opts = self.opts
+        tail = self.client.process.stderr_tail() if self.client is not None and self.client.process else ""
+        models = self.acp.state.models if self.acp is not None else ()
+        values = _option_values(models[0]) if models else None
+        found = diagnose(Evidence(opts.agent.name, agent_kind(opts.agent), exc.message, exc.code, exc.data, tail,
+                                  agent_env(opts.agent, opts.extra_env), values))
+        self.failure = found
+        return found.line() if found is not None else None
 
     async def cancel(self) -> None:
         if self.delegation is not None:
@@ -379,7 +401,7 @@ async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProce
         return await AgentProcess.start(nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env},
                                         cwd=opts.cwd, name=opts.agent.name)
     except (AgentStartError, OSError) as exc:
-        raise explain_start_failure(opts.agent, exc) from None
+        raise explain_start_failure(opts.agent, exc, extra_env=opts.extra_env) from None
 
 
 def preload() -> None:
@@ -396,16 +418,29 @@ def preload() -> None:
     import mcp_bridge.server  # noqa: F401
 
 
-def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
-    """One clear message with the fix for an agent that cannot start or refuses us."""
-    text = str(exc)
+def explain_start_failure(spec: AgentSpec, exc: BaseException, *, stderr: str = "",
+                          extra_env: dict[str, str] | None = None) -> CrucibleError:
+    """One clear message with the fix for an agent that cannot start or refuses us: a known
+    failure (crucible/start_failures.py) by its cause, else the agent's own words."""
+    code = exc.code if isinstance(exc, JsonRpcError) else None
+    data = exc.data if isinstance(exc, JsonRpcError) else None
+    message = exc.message if isinstance(exc, JsonRpcError) else str(exc)
+    found = diagnose(Evidence(spec.name, agent_kind(spec), message, code, data, stderr,
+                              agent_env(spec, extra_env)))
+    if found is not None:
+        return CrucibleError(found.cause, found.fix)
+    from acp_host.session import (
+        describe_rpc_error,  # acp.schema: an error path, the agent is running
+    )
+
+    text = describe_rpc_error(exc) if isinstance(exc, JsonRpcError) else str(exc)
     lowered = text.lower()
-    if "auth" in lowered or "api key" in lowered or "login" in lowered:
-        return CrucibleError(f"the agent {spec.name} needs you to log in: {_first_line(text)}", auth_hint(spec.name))
     if isinstance(exc, FileNotFoundError) or "not found" in lowered or "no such file" in lowered:
         return CrucibleError(f"the agent {spec.name} is not installed or not on PATH ({spec.display()})",
                              install_hint(spec.name))
-    return CrucibleError(f"the agent {spec.name} could not start a session: {text}",
+    said = stderr_summary(stderr) if isinstance(exc, JsonRpcError) else ""
+    return CrucibleError(f"the agent {spec.name} could not start a session: {text}"
+                         + (f"; its stderr ends: {said}" if said else ""),
                          f"run `cru doctor` to check the agent; the command was `{spec.display()}`")
 
 
@@ -472,7 +507,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                     process=process,
                 )
             except (AgentStartError, OSError) as exc:
-                raise explain_start_failure(opts.agent, exc) from None
+                raise explain_start_failure(opts.agent, exc, extra_env=opts.extra_env) from None
             session.client = client
             client.on_update = opts.on_update
             try:
@@ -482,6 +517,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
                 acp = await _start_acp_session(session, client, servers)
                 session.acp = acp
+                acp.explain_error = session.explain_turn_error
                 writer.meta.agent_session_id = acp.session_id
                 writer.save_meta()
                 await _apply_card_settings(session, acp)
@@ -494,7 +530,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 async with delegation.running():
                     yield session
             except JsonRpcError as exc:
-                raise explain_start_failure(opts.agent, exc) from None
+                tail = client.process.stderr_tail() if client.process is not None else ""
+                raise explain_start_failure(opts.agent, exc, stderr=tail, extra_env=opts.extra_env) from None
             finally:
                 # Close the bridge first: node agents keep running while an MCP stream is open,
                 # and exit on stdin EOF only once it is gone (saves the 2 s SIGTERM grace).
