@@ -18,9 +18,9 @@ Rules a user of `JsonRpcPeer` must know:
   call `request()` freely. `$/cancel_request` {"requestId": id} cancels one and it is
   answered with error -32800.
 * Cancelling a caller of `request()` sends `$/cancel_request` for it to the other side.
-* While a notification handler runs inline, `current_line` holds the frame's raw bytes
-  (without the newline), so a proxy can forward them without encoding them again; it is
-  None otherwise, and only the handler itself (the read loop's task) may rely on it.
+* While a notification handler runs, `current_line` holds the frame's raw bytes (without
+  the newline), so a proxy can forward them without encoding them again; it is None
+  otherwise, and only the handler itself (the read loop's task) may rely on it.
 * EOF on the read side ends the connection: `closed` is set, pending requests fail with
   ConnectionClosed, inbound handlers are cancelled and further writes are refused.
 * A write, once started, completes even if its caller is cancelled (half a frame would
@@ -474,7 +474,11 @@ class JsonRpcPeer:
 
     async def _dispatch(self, msg: Message, line: bytes) -> None:
         if isinstance(msg, Notification):
-            await self._dispatch_notification(msg.method, msg.params)
+            self.current_line = line
+            try:
+                await self._dispatch_notification(msg.method, msg.params)
+            finally:
+                self.current_line = None
         elif isinstance(msg, Request):
             self._start_request(msg)
         elif isinstance(msg, Response):
