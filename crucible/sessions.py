@@ -124,8 +124,9 @@ class SessionOptions:
     parent_policy: PermissionPolicy | None = None
     parent_id: str | None = None
     resume: str | None = None  # a saved Crucible session id
-    # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
-    on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    # Every session/update from the agent before it is parsed, params and raw frame (`cru acp`
+    # forwards them; see `acp_host.client.AcpClient.on_update`).
+    on_update: Callable[[dict[str, Any], bytes | None], Awaitable[None]] | None = None
 
     def for_child(self, agent: AgentSpec, card: Card | None, parent_policy: PermissionPolicy,
                   parent_id: str) -> SessionOptions:
