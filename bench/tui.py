@@ -176,12 +176,12 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> int:
+    global CRU
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
     parser.add_argument("--repeat", type=int, default=3, help="floods per mode")
     parser.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
     args = parser.parse_args()
-    global CRU
     CRU = args.cru
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
         tmp = Path(d)
