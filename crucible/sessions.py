@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -226,6 +227,35 @@ class CrucibleSession:
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
+        # What `aclose` ends, set by `open_session` as each comes up.
+        self.nursery: trio.Nursery | None = None  # the agent's connection's tasks
+        self.unmount: Callable[[], None] | None = None  # the bridge's mount on the host
+        self.closed = False
+
+    async def aclose(self) -> None:
+        """The one way a session ends, whatever ended it (its block, an error, a cancel, the
+        agent dying, the editor closing it): its children are cancelled; the bridge is unmounted
+        first (node agents keep running while an MCP stream is open, and exit on stdin EOF only
+        once it is gone, which saves the 2 s SIGTERM grace); then the agent (its ACP sessions
+        and their terminals, the connection, its process group), the connection's tasks, and
+        the transcript. Shielded, so a cancelled caller still closes everything; bounded, as
+        each step is (the agent's exit grace, then SIGTERM and SIGKILL of its group): an error
+        from it means "closed without grace", never "still open". A second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.delegation is not None:
+                self.delegation.cancel_all("the session closed")
+            if self.unmount is not None:
+                self.unmount()
+            if self.client is not None:
+                with trio.CancelScope(shield=True):
+                    await self.client.aclose()
+        finally:
+            if self.nursery is not None:
+                self.nursery.cancel_scope.cancel()
+            self.writer.close()
 
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
@@ -438,9 +468,11 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
     base = f"/s/{session.id}"
-    await host.mount(opts.kiln, bridge, token, base)
-    try:
-        async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
+        session.nursery = nursery
+        try:
+            await host.mount(opts.kiln, bridge, token, base)
+            session.unmount = partial(host.unmount, opts.kiln, bridge, base)
             try:
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
@@ -451,35 +483,26 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 raise explain_start_failure(opts.agent, exc) from None
             session.client = client
             client.on_update = opts.on_update
-            try:
-                entry = _bridge_entry(client, host.url(base), token)
-                session.bridge_transport = "http" if "url" in entry else "stdio"
-                card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
-                servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
-                acp = await _start_acp_session(session, client, servers)
-                session.acp = acp
-                writer.meta.agent_session_id = acp.session_id
-                writer.save_meta()
-                await _apply_card_settings(session, acp)
-                with trio.move_on_after(BRIDGE_GRACE):
-                    await session.bridge_listed.wait()
-                if not session.bridge_listed.is_set():
-                    session.warn(f"the agent never listed the kiln tools on the crucible bridge "
-                                 f"({session.bridge_transport}); it will run without them")
-                async with delegation.running():
-                    yield session
-            except JsonRpcError as exc:
-                raise explain_start_failure(opts.agent, exc) from None
-            finally:
-                # Close the bridge first: node agents keep running while an MCP stream is open,
-                # and exit on stdin EOF only once it is gone (saves the 2 s SIGTERM grace).
-                host.unmount(opts.kiln, bridge, base)
-                with trio.CancelScope(shield=True):
-                    await client.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        host.unmount(opts.kiln, bridge, base)
-        writer.close()
+            entry = _bridge_entry(client, host.url(base), token)
+            session.bridge_transport = "http" if "url" in entry else "stdio"
+            card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
+            servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
+            acp = await _start_acp_session(session, client, servers)
+            session.acp = acp
+            writer.meta.agent_session_id = acp.session_id
+            writer.save_meta()
+            await _apply_card_settings(session, acp)
+            with trio.move_on_after(BRIDGE_GRACE):
+                await session.bridge_listed.wait()
+            if not session.bridge_listed.is_set():
+                session.warn(f"the agent never listed the kiln tools on the crucible bridge "
+                             f"({session.bridge_transport}); it will run without them")
+            async with delegation.running():
+                yield session
+        except JsonRpcError as exc:
+            raise explain_start_failure(opts.agent, exc) from None
+        finally:
+            await session.aclose()  # every way out: the block's end, an error, a cancel
 
 
 def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
