@@ -36,6 +36,7 @@ __all__ = [
     "ProfileLike",
     "Profiles",
     "auth_hint",
+    "fetch_on_run",
     "install_hint",
     "known_names",
     "resolve_agent",
@@ -112,6 +113,45 @@ BUILTINS: dict[str, BuiltinAgent] = {
                      "run `codex login`, or set OPENAI_API_KEY"),
     )
 }
+
+# Package runners that download the package they run when it is not in their cache: running
+# such a command can mean hundreds of MB from a registry, so inspecting it (`cru doctor`,
+# `cru agents`) must not run it. runner -> the registry it fetches from.
+_PACKAGE_RUNNERS = {"npx": "npm", "bunx": "npm", "pnpx": "npm", "uvx": "PyPI"}
+# Options of those runners that take a value (so the value is not mistaken for the package).
+_RUNNER_VALUE_OPTIONS = {"-p", "--package", "--from", "--with", "--python", "--index", "--index-url",
+                         "-c", "--call", "--registry", "--cache", "--userconfig"}
+
+
+def fetch_on_run(argv: Sequence[str]) -> str | None:
+    """What running `argv` would download first, e.g. "npm package @scope/pkg", when argv is a
+    package runner (npx, bunx, pnpx, uvx); None for a plain command."""
+    if not argv:
+        return None
+    runner = Path(argv[0]).name
+    if runner not in _PACKAGE_RUNNERS:
+        return None
+    args = list(argv[1:])
+    package: str | None = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-p", "--package", "--from") and i + 1 < len(args):
+            package = args[i + 1]
+            break
+        if a.startswith(("--package=", "--from=")):
+            package = a.split("=", 1)[1]
+            break
+        if a in _RUNNER_VALUE_OPTIONS:
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        package = a
+        break
+    return f"{_PACKAGE_RUNNERS[runner]} package {package or '(unknown)'}"
+
 
 # Where npm, bun and the agents' own installers put executables; a host started from a
 # desktop launcher often has a PATH without them (then installed agents look missing).
