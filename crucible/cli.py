@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s_create.add_argument("--agent", required=True, metavar="CARD")
 
     sub.add_parser("agents", help="which agents are installed and speak ACP")
-    sub.add_parser("doctor", help="what is wrong and how to fix it")
+    doctor = sub.add_parser("doctor", help="what is wrong and how to fix it (inspects only: installs nothing)")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
 
     cards = sub.add_parser("cards", help="agent cards")
     csub = cards.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
