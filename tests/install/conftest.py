@@ -27,6 +27,17 @@ import pytest
 from crucible.kiln import model_store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "fixtures"))
+
+import agent_env  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def npm_ready() -> None:
+    """The real MCP clients (Claude Code's CLI, Gemini CLI, OpenCode) come with the npm packages."""
+    reason = agent_env.ensure_npm()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def _weights_package_dir() -> Path:
