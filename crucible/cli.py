@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--connect", metavar="URL",
                    help="stdio relay to a session's bridge at URL (token in $CRUCIBLE_BRIDGE_TOKEN)")
     mcp.add_argument("--port", type=int, default=0, metavar="N")
+    mcp.add_argument("--print-config", metavar="CLIENT",
+                     choices=["claude", "claude-desktop", "cursor", "zed", "gemini", "opencode"],
+                     help="print the config snippet that makes CLIENT (claude, claude-desktop, cursor, zed, "
+                          "gemini, opencode) start this cru mcp on this kiln, and exit")
 
     kiln = sub.add_parser("kiln", help="build and query the kiln's index")
     ksub = kiln.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
