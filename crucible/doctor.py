@@ -145,6 +145,10 @@ def _print_agents(reports: list[AgentReport]) -> None:
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
+    if getattr(args, "registry", None):  # the ACP registry's agents, not the ones configured here
+        from crucible.agent_install import cmd_agents_registry
+
+        return cmd_agents_registry(args)
     reports = trio.run(_probe_all, _specs(args))
     _print_agents(reports)
     return 0
