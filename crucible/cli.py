@@ -21,6 +21,7 @@ HANDLERS: dict[str, str] = {
     "chat": "crucible.chat:cmd_chat",
     "acp": "crucible.acp_agent:cmd_acp",
     "agents": "crucible.doctor:cmd_agents",
+    "agents.add": "crucible.agent_install:cmd_agents_add",
     "doctor": "crucible.doctor:cmd_doctor",
     "cards.list": "crucible.cards:cmd_list",
     "cards.show": "crucible.cards:cmd_show",
@@ -62,7 +63,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("crucible")
+        return version("crucible-acp")
     except PackageNotFoundError:  # run from a source tree that was never installed
         from crucible import __version__
 
@@ -133,7 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     s_create = ssub.add_parser("create", help="a session from a card (as chat --card)")
     s_create.add_argument("--agent", required=True, metavar="CARD")
 
-    sub.add_parser("agents", help="which agents are installed and speak ACP")
+    agents = sub.add_parser("agents", help="which agents are installed and speak ACP; the ACP registry's agents")
+    from acp_host.registry import REGISTRY_URL  # stdlib only: cheap at parse time
+
+    registry_help = f"an ACP registry (registry.json or agent.json) file or URL; alone: the official one, {REGISTRY_URL}"
+    agents.add_argument("--registry", metavar="FILE|URL", nargs="?", default=argparse.SUPPRESS, const=REGISTRY_URL,
+                        help="list the agents of " + registry_help)
+    asub = agents.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+    a_add = asub.add_parser("add", help="write an [agents.ID] profile for an agent of the ACP registry")
+    a_add.add_argument("id", metavar="ID")
+    a_add.add_argument("--registry", metavar="FILE|URL", default=argparse.SUPPRESS,
+                       help="read " + registry_help)
+    a_add.add_argument("--via", choices=["npx", "uvx", "binary"], help="which distribution to run it through")
+    a_add.add_argument("--as", dest="as_name", metavar="NAME", help="the profile's name (default: ID)")
+    a_add.add_argument("--force", action="store_true", help="replace a profile of that name")
     doctor = sub.add_parser("doctor", help="what is wrong and how to fix it (inspects only: installs nothing)")
     doctor.add_argument("--json", action="store_true", help="print JSON")
 
