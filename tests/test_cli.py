@@ -106,4 +106,4 @@ def test_handlers_see_every_global_option_even_when_not_typed() -> None:
 def test_version_prints_the_installed_version(cru_bin: str) -> None:
     res = subprocess.run([cru_bin, "--version"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
-    assert res.stdout.strip() == f"cru {importlib.metadata.version('crucible')}"
+    assert res.stdout.strip() == f"cru {importlib.metadata.version('crucible-acp')}"

@@ -197,7 +197,7 @@ def build_crucible_wheel(into: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "--disable-pip-version-check", "-w", str(dist), str(src)],
                    check=True, capture_output=True, text=True, timeout=300)
-    (wheel,) = dist.glob("crucible-*.whl")
+    (wheel,) = dist.glob("crucible_acp-*.whl")
     return wheel
 
 
