@@ -448,16 +448,27 @@ def terminal_progress(out: TextIO | None = None) -> Iterator[Progress]:
 
         fmt = [f.Label(suffix=": "), f.Percentage(), f.Text(" "), f.Bar(sym_a="#", sym_b="#", sym_c="."),
                f.Text(" "), f.Progress(), f.Text(" MB  eta "), f.TimeLeft()]
-        with ProgressBar(formatters=fmt, output=create_output(stdout=stream)) as pb:
-            counter: Any = pb(label=MODEL_NAME, total=round(WHEEL_SIZE / 1e6))
+        # The bar appears with the first bytes and goes with the last, so the lines said before
+        # and after the download (what, where; verified) stay on the screen of their own.
+        with contextlib.ExitStack() as stack:
+            state: dict[str, Any] = {}
 
             def bar(done: int, total: int) -> None:
-                counter.total = max(1, round(total / 1e6))
+                if "counter" not in state and done < total:
+                    pb = stack.enter_context(ProgressBar(formatters=fmt, output=create_output(stdout=stream)))
+                    state.update(pb=pb, counter=pb(label=MODEL_NAME, total=max(1, round(total / 1e6))))
+                counter = state.get("counter")
+                if counter is None:
+                    return
                 counter.items_completed = round(done / 1e6)
-                pb.invalidate()
+                state["pb"].invalidate()
+                if done >= total:
+                    counter.done = True
+                    stack.close()
+                    state.clear()
+                    state["counter"] = None  # closed: later calls are ignored
 
             yield bar
-            counter.done = True
         return
     last = [0.0]
 
