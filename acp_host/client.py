@@ -55,7 +55,7 @@ class AcpProtocolError(Exception):
 
 def _client_version() -> str:
     try:
-        return metadata.version("crucible")
+        return metadata.version("crucible-acp")
     except metadata.PackageNotFoundError:
         return "0"
 

@@ -32,6 +32,9 @@ class AgentReport:
     logged_in: bool | None = None  # None: cannot tell from here
     problem: str | None = None
     fix: str | None = None
+    # What running the command would download first (an npx/uvx command): such an agent is
+    # never started by `cru agents` / `cru doctor`, which inspect and never install.
+    would_fetch: str | None = None
 
 
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
@@ -58,12 +61,19 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
     """Start the agent, send initialize, and stop it: does it speak ACP?"""
     from acp_host.client import connect_agent
     from acp_host.process import AgentStartError
-    from acp_host.registry import auth_hint, install_hint
+    from acp_host.registry import BUILTINS, auth_hint, fetch_on_run, install_hint
 
     report = AgentReport(spec.name, spec.found, spec.display(), spec.source)
     if not spec.found:
         report.problem = "not installed (not on PATH)"
         report.fix = install_hint(spec.name)
+        return report
+    if (fetch := fetch_on_run(spec.argv)) is not None:
+        report.would_fetch = fetch
+        report.problem = (f"`{spec.display()}` would first download the {fetch} and its "
+                          "dependencies (often hundreds of MB), so it was not started")
+        run_once = f"run `{spec.display()}` once yourself to download it"
+        report.fix = f"{install_hint(spec.name)} (or {run_once})" if spec.name in BUILTINS else run_once
         return report
     async with trio.open_nursery() as nursery:
         try:
@@ -121,6 +131,8 @@ def _print_agents(reports: list[AgentReport]) -> None:
     for r in reports:
         if not r.found:
             state = "missing"
+        elif r.would_fetch:
+            state = "not run"
         elif r.speaks_acp:
             state = "ok"
         else:
@@ -133,6 +145,10 @@ def _print_agents(reports: list[AgentReport]) -> None:
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
+    if getattr(args, "registry", None):  # the ACP registry's agents, not the ones configured here
+        from crucible.agent_install import cmd_agents_registry
+
+        return cmd_agents_registry(args)
     reports = trio.run(_probe_all, _specs(args))
     _print_agents(reports)
     return 0

@@ -375,6 +375,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from crucible.config import load_config, resolve_kiln
     from mcp_bridge.tools import log_to_stderr
 
+    if getattr(args, "print_config", None):  # a client's config snippet, not a server
+        from crucible.mcp_clients import print_config
+
+        return print_config(args)
     log_to_stderr()
     if getattr(args, "connect", None):
         from mcp_bridge.server import RelayError, relay_stdio
