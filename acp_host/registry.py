@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,8 +387,7 @@ def parse_registry(data: Any, source: str = "the registry") -> list[RegistryAgen
 
 def current_platform() -> str:
     """This machine in the registry's platform names (linux-x86_64, darwin-aarch64, …)."""
-    import platform
-    import sys
+    import platform  # only the registry listing asks which machine this is
 
     system = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform)
     machine = platform.machine().lower()

@@ -24,8 +24,11 @@ from acp_host.registry import (
     current_platform,
     parse_registry,
     registry_launches,
+    resolve_agent,
 )
+from crucible.config import config_path, load_config
 from crucible.errors import CrucibleError
+from crucible.kiln.atomic import atomic_write_text
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 MAX_REGISTRY_BYTES = 10 * 1024 * 1024  # the official registry is ~100 kB
@@ -34,7 +37,7 @@ MAX_REGISTRY_BYTES = 10 * 1024 * 1024  # the official registry is ~100 kB
 def load_registry(source: str) -> list[RegistryAgent]:
     """The agents in a registry file or at a registry URL."""
     if source.startswith(("http://", "https://")):
-        import httpx
+        import httpx  # only a registry URL needs the HTTP client
 
         try:
             r = httpx.get(source, timeout=30, follow_redirects=True)
@@ -81,8 +84,6 @@ def _one_line(text: str, limit: int = 100) -> str:
 
 
 def cmd_agents_registry(args: argparse.Namespace) -> int:
-    from crucible.config import load_config
-
     source = args.registry
     agents = load_registry(source)
     profiles = load_config(getattr(args, "config", None)).agents
@@ -108,12 +109,9 @@ def cmd_agents_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_agents_add(args: argparse.Namespace) -> int:
+    # tomlkit keeps the config's comments; only writing a profile needs it
     import tomlkit
     from tomlkit.exceptions import TOMLKitError
-
-    from acp_host.registry import resolve_agent
-    from crucible.config import config_path, load_config
-    from crucible.kiln.atomic import atomic_write_text
 
     source = getattr(args, "registry", None) or REGISTRY_URL
     agents = {a.id: a for a in load_registry(source)}

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from crucible import __version__
 from crucible.errors import CrucibleError
 
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
@@ -64,13 +65,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import (  # only --version reads the metadata
+        PackageNotFoundError,
+        version,
+    )
 
     try:
         return version("crucible-acp")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        from crucible import __version__
-
         return __version__
 
 
@@ -193,7 +195,7 @@ def _resolve(key: str) -> Callable[[argparse.Namespace], int] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (TAB)
-        from crucible.completion import autocomplete
+        from crucible.completion import autocomplete  # only a TAB loads argcomplete
 
         autocomplete(parser)  # prints them and exits
     args = parser.parse_args(argv)
@@ -228,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _log_to_stderr(verbose: int) -> None:
-    import logging
+    import logging  # only -v needs logging set up before the handler's own imports
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO if verbose == 1 else logging.DEBUG,
                         format="cru: %(name)s: %(message)s")

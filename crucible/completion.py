@@ -32,25 +32,25 @@ def _quiet(fn: Callable[[str, argparse.Namespace], Iterable[str]]) -> Completer:
 
 
 def _config(parsed_args: argparse.Namespace) -> Any:
-    from crucible.config import load_config
+    from crucible.config import load_config  # a TAB loads only what it completes
 
     return load_config(getattr(parsed_args, "config", None))
 
 
 def _kiln(parsed_args: argparse.Namespace) -> Path:
-    from crucible.config import resolve_kiln
+    from crucible.config import resolve_kiln  # a TAB loads only what it completes
 
     return resolve_kiln(getattr(parsed_args, "kiln", None), _config(parsed_args))
 
 
 def agents(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
-    from acp_host.registry import known_names
+    from acp_host.registry import known_names  # a TAB loads only what it completes
 
     return known_names(_config(parsed_args).agents)
 
 
 def cards(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
-    from crucible.cards import load_cards
+    from crucible.cards import load_cards  # a TAB loads only what it completes
 
     try:
         kiln: Path | None = _kiln(parsed_args)
@@ -60,14 +60,14 @@ def cards(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
 
 
 def sessions(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
-    from crucible.session_store import SessionStore
+    from crucible.session_store import SessionStore  # a TAB loads only what it completes
 
     return [m.id for m in SessionStore().list()]
 
 
 def notes(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
     """`@path/of/note.md` for the last word of a -p prompt that starts with `@`."""
-    from crucible.kiln.paths import iter_markdown
+    from crucible.kiln.paths import iter_markdown  # a TAB loads only what it completes
 
     head, _, word = prefix.rpartition(" ")
     if not word.startswith("@"):
@@ -93,7 +93,7 @@ def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterab
 
 def attach(parser: argparse.ArgumentParser) -> None:
     """Set each argument's completer, found by what it holds (its dest and its command)."""
-    from argcomplete.completers import DirectoriesCompleter, FilesCompleter
+    from argcomplete.completers import DirectoriesCompleter, FilesCompleter  # only at a TAB
 
     for path, action in _walk(parser):
         dest = action.dest
@@ -116,7 +116,7 @@ def attach(parser: argparse.ArgumentParser) -> None:
 
 def autocomplete(parser: argparse.ArgumentParser) -> None:
     """Answer the shell's completion request and exit (only called when one is pending)."""
-    import argcomplete
+    import argcomplete  # only at a TAB
 
     attach(parser)
     # Options show once a `-` is typed, so `cru cards show <TAB>` lists cards, not --help.
@@ -129,7 +129,7 @@ def completion_requested() -> bool:
 
 def cmd_completion(args: argparse.Namespace) -> int:
     """`cru completion SHELL`: the script to source (or save where the shell loads it)."""
-    import argcomplete
+    import argcomplete  # only this command and a TAB need it
 
     print(argcomplete.shellcode(["cru"], shell=args.shell))
     return 0

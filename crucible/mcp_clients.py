@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from crucible.config import load_config, resolve_kiln
+
 SERVER_NAME = "crucible"
 
 
@@ -79,8 +81,6 @@ def server_argv(kiln: Path, config: str | None) -> list[str]:
 
 
 def print_config(args: argparse.Namespace) -> int:
-    from crucible.config import load_config, resolve_kiln
-
     client = CLIENTS[args.print_config]
     config = load_config(getattr(args, "config", None))
     kiln = resolve_kiln(getattr(args, "kiln", None), config)

