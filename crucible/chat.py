@@ -35,7 +35,14 @@ def build_options(args: argparse.Namespace) -> Any:
     """Config, kiln, card and agent from the command line (shared by chat, session create, acp)."""
     from acp_host.registry import AgentRegistryError, resolve_agent
     from crucible.config import load_config, resolve_kiln
-    from crucible.sessions import SessionOptions, approve_all_asker, deny_all_asker, deny_asker
+    from crucible.sessions import (
+        SessionOptions,
+        approve_all_asker,
+        decline_elicitor,
+        defaults_elicitor,
+        deny_all_asker,
+        deny_asker,
+    )
 
     config = load_config(getattr(args, "config", None))
     kiln = resolve_kiln(getattr(args, "kiln", None), config)
@@ -64,8 +71,10 @@ def build_options(args: argparse.Namespace) -> Any:
     else:
         asker = deny_asker
     record = Path(args.record) if getattr(args, "record", None) else None
+    # An upstream MCP server's question (elicitation) in -p: declined, or its defaults with --approve-all.
+    elicitor = defaults_elicitor if getattr(args, "approve_all", False) else decline_elicitor
     return SessionOptions(agent=spec, kiln=kiln, cwd=cwd, config=config, card=card, asker=asker, record=record,
-                          resume=getattr(args, "resume", None))
+                          resume=getattr(args, "resume", None), elicitor=elicitor)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

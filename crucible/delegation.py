@@ -465,7 +465,8 @@ class Delegation:
 
         p = self.session.opts
         opts = SessionOptions(
-            agent=spec, kiln=p.kiln, cwd=p.cwd, config=p.config, card=card, asker=p.asker, store=p.store,
+            agent=spec, kiln=p.kiln, cwd=p.cwd, config=p.config, card=card, asker=p.asker, elicitor=p.elicitor,
+            store=p.store,
             inactivity_timeout=p.inactivity_timeout, init_timeout=p.init_timeout,
             parent_policy=self.session.policy, parent_id=self.session.id,
         )

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from crucible.cards import Card
     from crucible.config import Config
     from crucible.delegation import ChildEventHook, Delegation
+    from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
 TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"
@@ -93,6 +94,46 @@ def deny_all_asker(reason: str = "--deny-all") -> Asker:
     return asker
 
 
+@dataclass(frozen=True)
+class ElicitationAsk:
+    """An upstream MCP server asks the person something during a tool call (elicitation/create)."""
+
+    label: str  # the session's provenance, e.g. "claude › reviewer"
+    server: str  # the upstream MCP server's name
+    message: str
+    schema: dict[str, Any] | None  # form mode: the fields wanted (JSON schema, flat object)
+    url: str | None = None  # url mode: where the person should go
+
+
+@dataclass(frozen=True)
+class ElicitAnswer:
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+    note: str = ""  # why, for the transcript
+
+
+# The person (TUI dialog, the editor) answers an elicitation; `-p` declines unless --approve-all.
+Elicitor = Callable[[ElicitationAsk], Awaitable[ElicitAnswer]]
+
+
+async def decline_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    return ElicitAnswer("decline", note="nobody to ask (no --approve-all)")
+
+
+async def defaults_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    """`--approve-all`: accept with the defaults the server offered; decline when a required
+    field has none (there is nothing honest to answer)."""
+    if ask.url is not None:
+        return ElicitAnswer("decline", note="--approve-all does not open links")
+    schema = ask.schema or {}
+    props = schema.get("properties") or {}
+    content = {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+    missing = [k for k in schema.get("required") or [] if k not in content]
+    if missing:
+        return ElicitAnswer("decline", note=f"--approve-all: no default for {', '.join(missing)}")
+    return ElicitAnswer("accept", content, note="--approve-all: the server's defaults")
+
+
 @dataclass
 class SessionOptions:
     agent: AgentSpec
@@ -112,6 +153,8 @@ class SessionOptions:
     resume: str | None = None  # a saved Crucible session id
     # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
     on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    # Who answers an upstream MCP server's elicitation/create (declined by default).
+    elicitor: Elicitor = decline_elicitor
 
 
 def _kiln_key(kiln: Path) -> Path:
@@ -128,6 +171,7 @@ class BridgeHost:
         self._backends: dict[Path, Any] = {}
         self._bridges: dict[Path, set[BridgeServer]] = {}
         self._nursery: trio.Nursery | None = None
+        self.gateway: Gateway | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
@@ -153,6 +197,24 @@ class BridgeHost:
             if self._nursery is not None:
                 self._nursery.start_soon(self._watch, key, backend)
         return self._backends[key]
+
+    async def gateway_for(self, config: Config) -> Gateway:
+        """The process's one gateway to the upstream MCP servers, shared by every session (its
+        upstreams start on a bridge's first tools/list)."""
+        if self.gateway is None:
+            from crucible.mcp_gateway import build_gateway
+
+            gateway = build_gateway(config)
+            assert self._nursery is not None, "BridgeHost must be running"
+            await self._nursery.start(self._run_gateway, gateway)
+            self.gateway = gateway
+        return self.gateway
+
+    @staticmethod
+    async def _run_gateway(gateway: Gateway, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with gateway.running():
+            task_status.started()
+            await trio.sleep_forever()
 
     async def _watch(self, key: Path, backend: Any) -> None:
         async def changed(paths: list[str]) -> None:
@@ -212,6 +274,8 @@ class CrucibleSession:
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
+        if key.bridge:  # an upstream or plugin tool's read-only hint, as the bridge knows it
+            key = ToolKey(key.name, bridge=True, read_only=self.bridge_read_only(key.name), summary=key.summary)
         decided = self.policy.decide(key)
         if decided.rule == "allow":
             decision = Decision("allow_once", decided.reason)
@@ -233,15 +297,34 @@ class CrucibleSession:
         self.warnings.append(message)
         self.writer.append({"type": "warning", "message": message})
 
+    def bridge_read_only(self, tool: str) -> bool:
+        """Kiln tools by name; upstream and plugin tools as the bridge knows them."""
+        known = self.bridge.tool_read_only(tool) if self.bridge is not None else None
+        return known if known is not None else tool in READ_ONLY_BRIDGE_TOOLS
+
     def bridge_policy(self, tool: str) -> str:
-        return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
+        return self.policy.decide(ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool))).rule
+
+    async def elicit_upstream(self, server: str, params: Any) -> Any:
+        """An upstream MCP server asks the person (elicitation/create) during a tool call."""
+        import mcp_types
+
+        url = getattr(params, "url", None)
+        ask = ElicitationAsk(self.label, server, str(params.message)[:2000],
+                             getattr(params, "requested_schema", None), url)
+        answer = await self.opts.elicitor(ask)
+        self.writer.append({"type": "elicitation", "server": server, "action": answer.action,
+                            "reason": answer.note})
+        if self.on_notice is not None:
+            self.on_notice(f"[elicitation] {server}: {answer.action}" + (f" ({answer.note})" if answer.note else ""))
+        return mcp_types.ElicitResult(action=answer.action, content=answer.content if answer.action == "accept" else None)
 
     async def bridge_ask(self, tool: str, arguments: dict[str, Any]) -> bool:
         """The bridge asks for an `ask` tool the agent called without asking us first."""
         if self._preapproved.get(tool, 0) > 0:
             self._preapproved[tool] -= 1
             return True
-        key = ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS, summary=_args_summary(arguments))
+        key = ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool), summary=_args_summary(arguments))
         decision = await self.opts.asker(PermissionAsk(self.label, key, tool, None, arguments))
         if decision.kind == "allow_always":
             self.policy.remember(tool, "allow")
@@ -415,6 +498,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     from acp_host.process import AgentStartError
     from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
+    from mcp_bridge.gateway import file_root
     from mcp_bridge.server import BridgeServer, new_token
 
     assert host.app is not None, "BridgeHost must be running"
@@ -437,7 +521,8 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
                           ask=session.bridge_ask, observer=session.on_bridge_event,
-                          extra={"session": session})
+                          extra={"session": session}, gateway=await host.gateway_for(opts.config),
+                          elicit=session.elicit_upstream, roots=[file_root(str(opts.kiln)), file_root(str(opts.cwd))])
     session.bridge = bridge
     delegation = Delegation.attach(session, host)
     token = new_token()
@@ -483,6 +568,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 nursery.cancel_scope.cancel()
     finally:
         host.unmount(opts.kiln, bridge, base)
+        bridge.close()
         writer.close()
 
 
