@@ -58,6 +58,7 @@ from crucible.sessions import BridgeHost, CrucibleSession, SessionOptions, open_
 from crucible.terminal import sanitize
 from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.commands import OWN_COMMANDS, ChatCompleter, mentions, parse_slash
+from crucible.tui.elicitation import ElicitationQueue
 from crucible.tui.markdown import Fragments
 from crucible.tui.permissions import KEYS, PermissionQueue, save_permission_rule
 from crucible.tui.transcript import (
@@ -147,6 +148,8 @@ class ChatUI:
         self.transcript = TranscriptControl()
         self.queue = PermissionQueue(self.refresh_now)
         opts.asker = self.queue
+        self.questions = ElicitationQueue(self.refresh_now)  # upstream MCP servers' questions
+        opts.elicitor = self.questions
         self.session: CrucibleSession | None = None
         self.state = "starting"
         self.flash = ""
@@ -199,7 +202,7 @@ class ChatUI:
 
     # -- layout ----------------------------------------------------------------------------
     def _layout(self) -> Layout:
-        dialog_visible = Condition(lambda: self.queue.current is not None)
+        dialog_visible = Condition(lambda: self.queue.current is not None or self.questions.current is not None)
         plan_visible = Condition(lambda: bool(self.plan))
         body = HSplit([
             Window(self.transcript, wrap_lines=False),
@@ -234,7 +237,7 @@ class ChatUI:
     def _dialog_lines(self) -> list[Fragments]:
         pending = self.queue.current
         if pending is None:
-            return []
+            return self.questions.dialog_lines()
         ask = pending.ask
         request = ask.request
         call = request.tool_call if request is not None else None
@@ -281,7 +284,8 @@ class ChatUI:
 
     def _status_text(self) -> StyleAndTextTuples:
         session = self.session
-        parts = ["waiting for your answer" if self.queue.current is not None else self.state]
+        waiting = self.queue.current is not None or self.questions.current is not None
+        parts = ["waiting for your answer" if waiting else self.state]
         parts.append(self.opts.agent.name + (f" › {self.opts.card.name}" if self.opts.card else ""))
         if session is not None and session.acp is not None:
             st = session.acp.state
@@ -484,13 +488,26 @@ class ChatUI:
     def _keys(self) -> KeyBindings:
         kb = KeyBindings()
         dialog = Condition(lambda: self.queue.current is not None)
+        question = Condition(lambda: self.queue.current is None and self.questions.current is not None)
+
+        @kb.add("enter", filter=question)
+        def _answer_question(event: KeyPressEvent) -> None:
+            problem = self.questions.answer(self.input.text)
+            if problem is not None:
+                self.say_flash(problem)
+            else:
+                self.input.reset()
+
+        @kb.add("escape", filter=question, eager=True)
+        def _decline_question(event: KeyPressEvent) -> None:
+            self.questions.decline()
 
         for key in KEYS:
             @kb.add(key, filter=dialog, eager=True)
             def _answer(event: KeyPressEvent, key: str = key) -> None:
                 self.answer_permission(key)
 
-        @kb.add("enter", filter=~dialog)
+        @kb.add("enter", filter=~dialog & ~question)
         def _submit(event: KeyPressEvent) -> None:
             state = self.input.complete_state
             if state is not None and state.current_completion is not None:
@@ -702,6 +719,8 @@ class ChatUI:
                 self.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
         elif name == "sessions":
             await self.list_sessions()
+        elif name == "mcp":
+            self.mcp_command()
         elif name == "children":
             self.children_command(args)
         elif name == "mode":
@@ -718,6 +737,16 @@ class ChatUI:
         else:
             self.error(f"unknown command /{name}: /help lists the commands")
         self.refresh()
+
+    def mcp_command(self) -> None:
+        """/mcp: the upstream MCP servers of this process (the gateway) and how each is."""
+        from crucible.mcp_gateway import status_lines
+
+        gateway = self.session.bridge.gateway if self.session is not None and self.session.bridge else None
+        if gateway is None:
+            self.notice("no MCP servers configured: add [[mcp.servers]] to the config (see the README)")
+            return
+        self.notice("\n".join(["MCP servers:"] + [sanitize(line) for line in status_lines(gateway.status())]))
 
     def usage_text(self) -> str:
         lines = []

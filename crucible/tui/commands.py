@@ -15,6 +15,7 @@ OWN_COMMANDS: dict[str, str] = {
     "cancel": "cancel the running turn (Ctrl-C)",
     "sessions": "list saved sessions",
     "card": "show the agent card of this session",
+    "mcp": "the upstream MCP servers: up or down, their tools, the last error",
     "usage": "tokens and cost, this turn and this session",
     "children": "expand/collapse the delegated child sessions (/children open|close)",
     "mode": "list the agent's modes, or /mode ID to switch (Shift-Tab cycles)",
