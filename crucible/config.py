@@ -133,7 +133,9 @@ class Config(BaseModel):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     permissions: dict[str, Literal["allow", "ask", "deny"]] = Field(default_factory=dict)
     delegation: DelegationConfig = Field(default_factory=DelegationConfig)
-    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # `[plugins] paths = [...]` (more folders to find plugins in) and `[plugins.NAME]` tables
+    # (passed to the plugin's setup(); enabled, grant, memory_mb are Crucible's).
+    plugins: dict[str, Any] = Field(default_factory=dict)
     mcp: McpConfig = Field(default_factory=McpConfig)
     # Where the config was loaded from (None = defaults). Never read from the file itself.
     source: Path | None = Field(default=None, exclude=True, strict=False)
@@ -360,6 +362,7 @@ def parse_config(raw: Mapping[str, Any], file: Path, env: Mapping[str, str] | No
         if not kiln.is_absolute():
             kiln = file.parent / kiln  # relative to the config file, not to wherever cru runs
         config.kiln = kiln
+    _check_plugins(config, file)
     raw_mcp = raw.get("mcp")
     _finish_mcp_servers(config.mcp.servers, raw_mcp.get("servers", []) if isinstance(raw_mcp, dict) else [],
                         file, e)
@@ -476,6 +479,33 @@ def _finish_mcp_servers(servers: list[McpServerConfig], raw_servers: Any, file: 
             if len(token) >= 8 and token not in secrets:
                 secrets[token] = f"<{key}>"
         server._secrets = secrets
+
+
+PLUGIN_GRANTS = ("io", "os", "require")
+
+
+def _check_plugins(config: Config, file: Path) -> None:
+    """`[plugins]`: `paths` is a list of folders; every other key is one plugin's table."""
+    for key, value in config.plugins.items():
+        if key == "paths":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{file}: plugins.paths: expected a list of folder paths",
+                                  fix='e.g. paths = ["~/notes/.crucible/plugins"]')
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{file}: plugins.{key}: expected a table [plugins.{key}] (its settings), "
+                              f"got {type(value).__name__}", fix=f"make it a [plugins.{key}] table")
+        enabled = value.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{file}: plugins.{key}.enabled: expected true or false", fix=f"edit {file}")
+        grant = value.get("grant", [])
+        if not isinstance(grant, list) or any(g not in PLUGIN_GRANTS for g in grant):
+            raise ConfigError(f"{file}: plugins.{key}.grant: expected a list of {', '.join(PLUGIN_GRANTS)}",
+                              fix=f'e.g. grant = ["io"] (each lifts part of the sandbox for {key} alone)')
+        memory = value.get("memory_mb", 64)
+        if not isinstance(memory, int) or isinstance(memory, bool) or not 1 <= memory <= 4096:
+            raise ConfigError(f"{file}: plugins.{key}.memory_mb: expected an integer from 1 to 4096",
+                              fix=f"edit {file}")
 
 
 def _check_mcp_names(config: Config, files: str) -> None:

@@ -224,9 +224,29 @@ def _mcp_checks(args: argparse.Namespace) -> list[Check]:
     return checks
 
 
+def _plugin_checks(args: argparse.Namespace) -> list[Check]:
+    """Each Lua plugin: loaded with its tools, or why it failed."""
+    from crucible.config import load_config
+    from crucible.plugins import load_all
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError:
+        return []
+    checks = []
+    for p in load_all(config).plugins:
+        if p.state == "loaded":
+            checks.append(Check(f"plugin {p.name}", True, f"{len(p.tools)} tools ({p.source})"))
+        elif p.state == "failed":
+            checks.append(Check(f"plugin {p.name}", False, p.reason or "failed",
+                                f"fix {p.shown_path()}, or turn it off: [plugins.{p.name}] enabled = false"))
+    return checks
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = _checks(args)
     checks += _mcp_checks(args)
+    checks += _plugin_checks(args)
     try:
         specs = _specs(args)
     except CrucibleError:  # a broken config is reported above; the built-in agents are still probed

@@ -362,8 +362,8 @@ def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
 # --- the command ----------------------------------------------------------------------------
 
 
-def build_bridge(root: Path, config: Config | None = None, gateway: Any = None) -> Any:
-    """`cru mcp`'s bridge: the kiln tools, plus the upstreams of `gateway`. The config's
+def build_bridge(root: Path, config: Config | None = None, gateway: Any = None, plugins: Any = None) -> Any:
+    """`cru mcp`'s bridge: the kiln tools, the Lua plugins' tools, the upstreams of `gateway`. The config's
     `[permissions]` deny rules hide tools here too; `ask` is left to the MCP client, which asks
     its own person."""
     from mcp_bridge.gateway import file_root
@@ -379,7 +379,8 @@ def build_bridge(root: Path, config: Config | None = None, gateway: Any = None) 
             return "deny" if rules.decide(ToolKey(name, bridge=True, read_only=True)).rule == "deny" else "allow"
 
     return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS,
-                        policy=policy, gateway=gateway, roots=[file_root(str(root))])
+                        policy=policy, gateway=gateway, roots=[file_root(str(root))],
+                        tool_sources=[plugins] if plugins is not None else [])
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -406,11 +407,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 async def _serve(root: Path, config: Config, args: argparse.Namespace) -> None:
+    import trio
+
     from crucible.mcp_gateway import build_gateway
+    from crucible.plugins import load_all
 
     gateway = build_gateway(config)
+    plugins = await trio.to_thread.run_sync(load_all, config)
+    for failed in plugins.failed():
+        print(f"cru mcp: plugin {failed.name} not loaded: {failed.reason}", file=sys.stderr)
     async with gateway.running():
-        bridge = build_bridge(root, config, gateway)
+        bridge = build_bridge(root, config, gateway, plugins)
         if args.http or args.sse:
             await _serve_http(bridge, args.port, "sse" if args.sse else "http")
         else:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from crucible.cards import Card
     from crucible.config import Config
     from crucible.delegation import ChildEventHook, Delegation
+    from crucible.plugins import PluginHost
     from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
@@ -172,6 +173,7 @@ class BridgeHost:
         self._bridges: dict[Path, set[BridgeServer]] = {}
         self._nursery: trio.Nursery | None = None
         self.gateway: Gateway | None = None
+        self.plugins: PluginHost | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
@@ -209,6 +211,14 @@ class BridgeHost:
             await self._nursery.start(self._run_gateway, gateway)
             self.gateway = gateway
         return self.gateway
+
+    async def plugins_for(self, config: Config) -> PluginHost:
+        """The process's Lua plugins, loaded once (in a worker thread) and shared by every session."""
+        if self.plugins is None:
+            from crucible.plugins import load_all
+
+            self.plugins = await trio.to_thread.run_sync(load_all, config)
+        return self.plugins
 
     @staticmethod
     async def _run_gateway(gateway: Gateway, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -522,6 +532,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
                           ask=session.bridge_ask, observer=session.on_bridge_event,
                           extra={"session": session}, gateway=await host.gateway_for(opts.config),
+                          tool_sources=[await host.plugins_for(opts.config)],
                           elicit=session.elicit_upstream, roots=[file_root(str(opts.kiln)), file_root(str(opts.cwd))])
     session.bridge = bridge
     delegation = Delegation.attach(session, host)
