@@ -84,3 +84,16 @@ async def test_tasks_without_a_task_file_says_how_to_start(tmp_path: Path, env: 
         r = await c.call_tool("lua_tasks_next_task", {})
         assert r.is_error and "TASKS.md does not exist yet: create it with lines like '- [ ] Task [id:: t1]'" \
             in texts(r)
+
+
+async def test_the_readme_example_works_as_pasted(tmp_path: Path, env: dict[str, str], kiln: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Lua plugin tools"):]
+    example = section.split("```lua\n", 1)[1].split("```", 1)[0]
+    assert len(example.splitlines()) <= 15
+    (tmp_path / "xdg" / "crucible" / "plugins" / "wordcount.lua").write_text(example)
+    note = "Cooking/Sourdough starter.md"
+    async with Client(bridge_for(kiln, host_for(tmp_path, env)).server, mode="legacy") as c:
+        r = await c.call_tool("lua_wordcount_count", {"path": note})
+        assert not r.is_error, texts(r)
+        assert r.structured_content == {"path": note, "words": len((kiln / note).read_text().split())}
