@@ -178,6 +178,7 @@ class Upstream:
         self._dirty: set[str] = set()
         self._dirty_event = anyio.Event()
         self._callers: list[Caller] = []
+        self.first_settled = False  # its first connection attempt is over (up or failed)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -241,6 +242,7 @@ class Upstream:
             self.restarts += 1
 
     def _settle(self) -> None:
+        self.first_settled = True
         self._settled.set()
 
     async def settled(self) -> None:
@@ -653,9 +655,13 @@ class Gateway:
         if not self.upstreams:
             return
         self.start()
+        # Only first starts are waited for: a server restarting later must not hold up a listing.
+        first = [u for u in self.upstreams.values() if not u.first_settled]
+        if not first:
+            return
         with anyio.move_on_after(self.startup_wait if wait is None else wait):
             async with anyio.create_task_group() as tg:
-                for upstream in self.upstreams.values():
+                for upstream in first:
                     tg.start_soon(upstream.settled)
 
     def status(self) -> list[UpstreamStatus]:
