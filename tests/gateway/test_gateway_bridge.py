@@ -14,6 +14,8 @@ import mcp_types as types
 import trio
 from conftest import (
     SECRET,
+    children_of,
+    cmdline,
     everything_spec,
     http_spec,
     http_upstream,
@@ -318,6 +320,4 @@ async def test_a_server_that_cannot_start_is_reported_and_the_rest_work(kiln: Pa
 
 
 def _children() -> list[str]:
-    from conftest import children_of, cmdline
-
     return [cmdline(p) for p in children_of(os.getpid())]
