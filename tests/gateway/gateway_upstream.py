@@ -71,7 +71,8 @@ async def elicit_name(ctx: Context) -> str:
 
 @server.tool()
 def crash() -> str:
-    """Exit the server process at once."""
+    """Exit the server process at once, saying why on stderr."""
+    print("fatal: the database is locked", file=sys.stderr, flush=True)
     os._exit(3)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import mcp_types as types
 import trio
 from conftest import (
     SECRET,
+    UPSTREAM,
     children_of,
     cmdline,
     everything_spec,
@@ -29,7 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from crucible.kiln_mcp import CrucibleKilnBackend
 from crucible.permissions import PermissionPolicy, ToolKey
-from mcp_bridge.gateway import Gateway, file_root
+from mcp_bridge.gateway import Gateway, UpstreamSpec, file_root
 from mcp_bridge.server import BridgeServer
 from mcp_bridge.tools import KILN_TOOLS
 
@@ -158,6 +160,21 @@ async def test_killed_upstream_is_down_at_once_then_comes_back(kiln: Path, every
         assert texts(r) == "Echo: after"
         assert gw.status()[0].restarts == 1
         assert upstream_pid(os.getpid(), "server-everything") != pid
+
+
+async def test_a_crashed_upstream_is_down_with_its_stderr_tail(kiln: Path) -> None:
+    spec = UpstreamSpec(name="up", prefix="up_", transport="stdio", command=sys.executable,
+                        args=(str(UPSTREAM), "stdio"), auto_reconnect=False)
+    async with running(spec) as gw, Client(bridge_for(kiln, gw).server, mode="legacy") as c:
+        assert texts(await c.call_tool("up_add", {"a": 1, "b": 1})) == "2"
+        r = await c.call_tool("up_crash", {})
+        assert r.is_error
+        await wait_for(lambda: gw.upstreams["up"].state == "stopped")
+        with trio.fail_after(2):
+            r = await c.call_tool("up_add", {"a": 1, "b": 1})
+        text = texts(r)
+        assert text.startswith("MCP server 'up' is down and will not be restarted (auto_reconnect = false): "), text
+        assert "closed" in text and text.endswith("; its last stderr lines: fatal: the database is locked"), text
 
 
 async def test_slow_call_ends_at_the_servers_timeout_with_the_documented_message(kiln: Path) -> None:
