@@ -53,7 +53,14 @@ if TYPE_CHECKING:
     from acp_host.services import SessionServices
     from acp_host.session import Decision, TurnEnded
     from crucible.cards import Card
-    from crucible.sessions import BridgeHost, CrucibleSession, PermissionAsk, SessionOptions
+    from crucible.sessions import (
+        BridgeHost,
+        CrucibleSession,
+        ElicitAnswer,
+        ElicitationAsk,
+        PermissionAsk,
+        SessionOptions,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -403,6 +410,7 @@ class AcpAgentServer:
         fwd = UpdateForwarder(self.peer, self.out, editor_id)
         opts.on_update = fwd
         opts.asker = lambda ask: self.ask_editor(fwd, ask)
+        opts.elicitor = lambda ask: self.elicit_editor(fwd, ask)
         host = await self._bridge_host()
         assert self._nursery is not None
         try:
@@ -730,6 +738,36 @@ class AcpAgentServer:
                         return Decision(kind, f"chosen in the editor ({opt.get('name', chosen)})")
             return Decision("reject_once", f"the editor chose an unknown option {chosen!r}")
         return Decision("cancelled", "cancelled in the editor")
+
+
+    async def elicit_editor(self, fwd: UpdateForwarder, ask: ElicitationAsk) -> ElicitAnswer:
+        """An upstream MCP server's question, asked in the editor (ACP `elicitation/create`)
+        when the editor says it can; declined otherwise."""
+        from crucible.sessions import ElicitAnswer
+
+        caps = self.editor_caps.get("elicitation") if isinstance(self.editor_caps, dict) else None
+        mode = "url" if ask.url is not None else "form"
+        if self.peer is None or fwd.editor_id is None or not isinstance(caps, dict) or caps.get(mode) is None:
+            return ElicitAnswer("decline", note=f"the editor cannot answer questions ({mode} elicitation)")
+        params: dict[str, Any] = {"sessionId": fwd.editor_id, "mode": mode,
+                                  "message": f"[{ask.server}] {ask.message}"}
+        if ask.url is not None:
+            params |= {"url": ask.url, "elicitationId": f"crucible-{next(self._ask_ids)}"}
+        else:
+            params["requestedSchema"] = ask.schema or {"type": "object", "properties": {}}
+        try:
+            result = await self.peer.request("elicitation/create", params)
+        except ConnectionClosed:
+            return ElicitAnswer("cancel", note="the editor closed the connection")
+        except JsonRpcError as exc:
+            return ElicitAnswer("decline", note=f"the editor could not ask: {exc.message}")
+        action = result.get("action") if isinstance(result, dict) else None
+        if action == "accept":
+            content = result.get("content")
+            return ElicitAnswer("accept", content if isinstance(content, dict) else {}, note="answered in the editor")
+        if action == "cancel":
+            return ElicitAnswer("cancel", note="cancelled in the editor")
+        return ElicitAnswer("decline", note="declined in the editor")
 
 
 def _dump(value: Any) -> Any:

@@ -22,6 +22,9 @@ HANDLERS: dict[str, str] = {
     "kiln.search": "crucible.kiln.commands:cmd_search",
     "kiln.info": "crucible.kiln.commands:cmd_info",
     "mcp": "crucible.kiln_mcp:cmd_mcp",
+    "mcp.servers": "crucible.mcp_gateway:cmd_servers",
+    "plugins.list": "crucible.plugins.commands:cmd_list",
+    "plugins.show": "crucible.plugins.commands:cmd_show",
     "chat": "crucible.chat:cmd_chat",
     "acp": "crucible.acp_agent:cmd_acp",
     "agents": "crucible.doctor:cmd_agents",
@@ -116,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=["claude", "claude-desktop", "cursor", "zed", "gemini", "opencode"],
                      help="print the config snippet that makes CLIENT (claude, claude-desktop, cursor, zed, "
                           "gemini, opencode) start this cru mcp on this kiln, and exit")
+    mcp.add_argument("subcommand", nargs="?", choices=["servers"], metavar="servers",
+                     help="`cru mcp servers`: start the configured upstream MCP servers and show their state")
+    mcp.add_argument("--json", action="store_true", help="servers: print JSON")
 
     kiln = sub.add_parser("kiln", help="build and query the kiln's index")
     ksub = kiln.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
@@ -174,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     csub.add_parser("list", help="list the cards (built in, yours, the kiln's, the project's)")
     c_show = csub.add_parser("show")
     c_show.add_argument("name", metavar="NAME")
+
+    plugins = sub.add_parser("plugins", help="Lua plugin tools")
+    psub = plugins.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    psub.add_parser("list", help="the plugins found, their tools, and those that failed to load")
+    p_show = psub.add_parser("show", help="one plugin: where it is, its settings and tools")
+    p_show.add_argument("name", metavar="NAME")
+    for p in psub.choices.values():
+        p.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 

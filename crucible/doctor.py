@@ -101,11 +101,11 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
     return report
 
 
-def _specs(args: argparse.Namespace) -> list[Any]:
+def _specs(args: argparse.Namespace, *, defaults: bool = False) -> list[Any]:
     from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-    from crucible.config import load_config
+    from crucible.config import Config, load_config
 
-    config = load_config(getattr(args, "config", None))
+    config = Config() if defaults else load_config(getattr(args, "config", None))
     specs = []
     for name in known_names(config.agents):
         try:
@@ -216,9 +216,58 @@ def _checks(args: argparse.Namespace) -> list[Check]:
     return checks
 
 
+def _mcp_checks(args: argparse.Namespace) -> list[Check]:
+    """Each upstream MCP server of the config, started: up with its tools, or why not."""
+    from crucible.config import load_config
+    from crucible.mcp_gateway import probe
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError:
+        return []  # the config check already says what is wrong
+    if not config.mcp.servers:
+        return []
+    checks = []
+    for status in trio.run(probe, config):
+        what = f"mcp {status.name}"
+        if status.state == "up":
+            checks.append(Check(what, True, f"{status.tools} tools as {status.prefix}* ({status.target})"))
+            continue
+        tail = f"; stderr: {' | '.join(status.stderr_tail[-3:])}" if status.stderr_tail else ""
+        fix = (f"run `{status.target}` by hand to see why"
+               if status.transport == "stdio" else f"check that the server at {status.target} is running")
+        checks.append(Check(what, False, f"{status.state}: {status.last_error or 'no answer'}{tail}", fix))
+    return checks
+
+
+def _plugin_checks(args: argparse.Namespace) -> list[Check]:
+    """Each Lua plugin: loaded with its tools, or why it failed."""
+    from crucible.config import load_config
+    from crucible.plugins import load_all
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError:
+        return []
+    checks = []
+    for p in load_all(config).plugins:
+        if p.state == "loaded":
+            checks.append(Check(f"plugin {p.name}", True, f"{len(p.tools)} tools ({p.source})"))
+        elif p.state == "failed":
+            checks.append(Check(f"plugin {p.name}", False, p.reason or "failed",
+                                f"fix {p.shown_path()}, or turn it off: [plugins.{p.name}] enabled = false"))
+    return checks
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = _checks(args)
-    reports = trio.run(_probe_all, _specs(args))
+    checks += _mcp_checks(args)
+    checks += _plugin_checks(args)
+    try:
+        specs = _specs(args)
+    except CrucibleError:  # a broken config is reported above; the built-in agents are still probed
+        specs = _specs(args, defaults=True)
+    reports = trio.run(_probe_all, specs)
     if getattr(args, "json", False):
         print(json.dumps({"checks": [asdict(c) for c in checks], "agents": [asdict(r) for r in reports]}, indent=2))
     else:

@@ -24,7 +24,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from crucible.config import Config
     from crucible.delegation import Delegation
     from crucible.events import ChildEventHook
+    from crucible.plugins import PluginHost
+    from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
 # `open_session`'s shape, for the delegation that opens child sessions with it.
@@ -108,6 +110,46 @@ def deny_all_asker(reason: str = "--deny-all") -> Asker:
     return asker
 
 
+@dataclass(frozen=True)
+class ElicitationAsk:
+    """An upstream MCP server asks the person something during a tool call (elicitation/create)."""
+
+    label: str  # the session's provenance, e.g. "claude › reviewer"
+    server: str  # the upstream MCP server's name
+    message: str
+    schema: dict[str, Any] | None  # form mode: the fields wanted (JSON schema, flat object)
+    url: str | None = None  # url mode: where the person should go
+
+
+@dataclass(frozen=True)
+class ElicitAnswer:
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+    note: str = ""  # why, for the transcript
+
+
+# The person (TUI dialog, the editor) answers an elicitation; `-p` declines unless --approve-all.
+Elicitor = Callable[[ElicitationAsk], Awaitable[ElicitAnswer]]
+
+
+async def decline_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    return ElicitAnswer("decline", note="nobody to ask (no --approve-all)")
+
+
+async def defaults_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    """`--approve-all`: accept with the defaults the server offered; decline when a required
+    field has none (there is nothing honest to answer)."""
+    if ask.url is not None:
+        return ElicitAnswer("decline", note="--approve-all does not open links")
+    schema = ask.schema or {}
+    props = schema.get("properties") or {}
+    content = {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+    missing = [k for k in schema.get("required") or [] if k not in content]
+    if missing:
+        return ElicitAnswer("decline", note=f"--approve-all: no default for {', '.join(missing)}")
+    return ElicitAnswer("accept", content, note="--approve-all: the server's defaults")
+
+
 @dataclass
 class SessionOptions:
     agent: AgentSpec
@@ -128,6 +170,8 @@ class SessionOptions:
     # Every session/update from the agent before it is parsed, params and raw frame (`cru acp`
     # forwards them; see `acp_host.client.AcpClient.on_update`).
     on_update: Callable[[dict[str, Any], bytes | None], Awaitable[None]] | None = None
+    # Who answers an upstream MCP server's elicitation/create (declined by default).
+    elicitor: Elicitor = decline_elicitor
 
     def for_child(self, agent: AgentSpec, card: Card | None, parent_policy: PermissionPolicy,
                   parent_id: str) -> SessionOptions:
@@ -135,6 +179,7 @@ class SessionOptions:
         timeouts; its own agent and card; its policy bounded by the parent's."""
         return SessionOptions(
             agent=agent, kiln=self.kiln, cwd=self.cwd, config=self.config, card=card, asker=self.asker,
+            elicitor=self.elicitor,
             store=self.store, inactivity_timeout=self.inactivity_timeout, init_timeout=self.init_timeout,
             parent_policy=parent_policy, parent_id=parent_id,
         )
@@ -154,6 +199,8 @@ class BridgeHost:
         self._backends: dict[Path, Any] = {}
         self._bridges: dict[Path, set[BridgeServer]] = {}
         self._nursery: trio.Nursery | None = None
+        self.gateway: Gateway | None = None
+        self.plugins: PluginHost | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
@@ -179,6 +226,32 @@ class BridgeHost:
             if self._nursery is not None:
                 self._nursery.start_soon(self._watch, key, backend)
         return self._backends[key]
+
+    async def gateway_for(self, config: Config) -> Gateway:
+        """The process's one gateway to the upstream MCP servers, shared by every session (its
+        upstreams start on a bridge's first tools/list)."""
+        if self.gateway is None:
+            from crucible.mcp_gateway import build_gateway
+
+            gateway = build_gateway(config)
+            assert self._nursery is not None, "BridgeHost must be running"
+            await self._nursery.start(self._run_gateway, gateway)
+            self.gateway = gateway
+        return self.gateway
+
+    async def plugins_for(self, config: Config) -> PluginHost:
+        """The process's Lua plugins, loaded once (in a worker thread) and shared by every session."""
+        if self.plugins is None:
+            from crucible.plugins import load_all
+
+            self.plugins = await trio.to_thread.run_sync(load_all, config)
+        return self.plugins
+
+    @staticmethod
+    async def _run_gateway(gateway: Gateway, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with gateway.running():
+            task_status.started()
+            await trio.sleep_forever()
 
     async def _watch(self, key: Path, backend: Any) -> None:
         async def changed(paths: list[str]) -> None:
@@ -249,6 +322,8 @@ class CrucibleSession:
                 self.delegation.cancel_all("the session closed")
             if self.unmount is not None:
                 self.unmount()
+            if self.bridge is not None:
+                self.bridge.close()  # detach from the process's upstream MCP servers
             if self.client is not None:
                 with trio.CancelScope(shield=True):
                     await self.client.aclose()
@@ -263,6 +338,8 @@ class CrucibleSession:
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
+        if key.bridge:  # an upstream or plugin tool's read-only hint, as the bridge knows it
+            key = ToolKey(key.name, bridge=True, read_only=self.bridge_read_only(key.name), summary=key.summary)
         decided = self.policy.decide(key)
         if decided.rule == "allow":
             decision = decision_of("allow_once", decided.reason)
@@ -284,15 +361,34 @@ class CrucibleSession:
         self.warnings.append(message)
         self.writer.append({"type": "warning", "message": message})
 
+    def bridge_read_only(self, tool: str) -> bool:
+        """Kiln tools by name; upstream and plugin tools as the bridge knows them."""
+        known = self.bridge.tool_read_only(tool) if self.bridge is not None else None
+        return known if known is not None else tool in READ_ONLY_BRIDGE_TOOLS
+
     def bridge_policy(self, tool: str) -> str:
-        return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
+        return self.policy.decide(ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool))).rule
+
+    async def elicit_upstream(self, server: str, params: Any) -> Any:
+        """An upstream MCP server asks the person (elicitation/create) during a tool call."""
+        import mcp_types
+
+        url = getattr(params, "url", None)
+        ask = ElicitationAsk(self.label, server, str(params.message)[:2000],
+                             getattr(params, "requested_schema", None), url)
+        answer = await self.opts.elicitor(ask)
+        self.writer.append({"type": "elicitation", "server": server, "action": answer.action,
+                            "reason": answer.note})
+        if self.on_notice is not None:
+            self.on_notice(f"[elicitation] {server}: {answer.action}" + (f" ({answer.note})" if answer.note else ""))
+        return mcp_types.ElicitResult(action=answer.action, content=answer.content if answer.action == "accept" else None)
 
     async def bridge_ask(self, tool: str, arguments: dict[str, Any]) -> bool:
         """The bridge asks for an `ask` tool the agent called without asking us first."""
         if self._preapproved.get(tool, 0) > 0:
             self._preapproved[tool] -= 1
             return True
-        key = ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS, summary=_args_summary(arguments))
+        key = ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool), summary=_args_summary(arguments))
         decision = await self.opts.asker(PermissionAsk(self.label, key, tool, None, arguments))
         if decision.kind == "allow_always":
             self.policy.remember(tool, "allow")
@@ -441,6 +537,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     from acp_host.client import connect_agent
     from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
+    from mcp_bridge.gateway import file_root
     from mcp_bridge.server import BridgeServer, new_token
 
     assert host.app is not None, "BridgeHost must be running"
@@ -463,7 +560,9 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
                           ask=session.bridge_ask, observer=session.on_bridge_event,
-                          extra={"session": session})
+                          extra={"session": session}, gateway=await host.gateway_for(opts.config),
+                          tool_sources=[await host.plugins_for(opts.config)],
+                          elicit=session.elicit_upstream, roots=[file_root(str(opts.kiln)), file_root(str(opts.cwd))])
     session.bridge = bridge
     delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
