@@ -67,7 +67,7 @@ async def bench_calls(kiln: Path, plugins: Path, home: Path, n: int) -> dict[str
     from mcp.client.stdio import StdioServerParameters
 
     from crucible.kiln_mcp import CrucibleKilnBackend
-    from crucible.plugins import load_all
+    from crucible.plugins.host import load_all
     from mcp_bridge.server import BridgeServer
 
     host = load_all(None, _env(plugins, home))
@@ -88,7 +88,7 @@ async def bench_calls(kiln: Path, plugins: Path, home: Path, n: int) -> dict[str
 
 
 def bench_load(plugins: Path, home: Path, empty: Path, runs: int = 5) -> tuple[float, float, int]:
-    from crucible.plugins import load_all
+    from crucible.plugins.host import load_all
 
     many, builtin = [], []
     count = 0

@@ -743,7 +743,9 @@ class AcpAgentServer:
     async def elicit_editor(self, fwd: UpdateForwarder, ask: ElicitationAsk) -> ElicitAnswer:
         """An upstream MCP server's question, asked in the editor (ACP `elicitation/create`)
         when the editor says it can; declined otherwise."""
-        from crucible.sessions import ElicitAnswer
+        from crucible.sessions import (
+            ElicitAnswer,  # sessions (and acp.schema) load once initialize is answered
+        )
 
         caps = self.editor_caps.get("elicitation") if isinstance(self.editor_caps, dict) else None
         mode = "url" if ask.url is not None else "form"

@@ -243,7 +243,7 @@ def _mcp_checks(args: argparse.Namespace) -> list[Check]:
 def _plugin_checks(args: argparse.Namespace) -> list[Check]:
     """Each Lua plugin: loaded with its tools, or why it failed."""
     from crucible.config import load_config
-    from crucible.plugins import load_all
+    from crucible.plugins.host import load_all
 
     try:
         config = load_config(getattr(args, "config", None))

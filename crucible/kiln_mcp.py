@@ -414,7 +414,7 @@ async def _serve(root: Path, config: Config, args: argparse.Namespace) -> None:
     import trio
 
     from crucible.mcp_gateway import build_gateway
-    from crucible.plugins import load_all
+    from crucible.plugins.host import load_all
 
     gateway = build_gateway(config)
     plugins = await trio.to_thread.run_sync(load_all, config)

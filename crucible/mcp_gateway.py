@@ -23,7 +23,9 @@ STATUS_WAIT = 30.0
 
 
 def upstream_spec(server: McpServerConfig) -> UpstreamSpec:
-    from mcp_bridge.gateway import UpstreamSpec
+    from mcp_bridge.gateway import (
+        UpstreamSpec,  # the mcp SDK's clients load only when upstreams are configured
+    )
 
     t = server.transport
     return UpstreamSpec(
@@ -37,7 +39,9 @@ def upstream_spec(server: McpServerConfig) -> UpstreamSpec:
 
 def build_gateway(config: Config) -> Gateway:
     """The process's one gateway (not started: upstreams start on a bridge's first tools/list)."""
-    from mcp_bridge.gateway import Gateway
+    from mcp_bridge.gateway import (
+        Gateway,  # the mcp SDK's clients load only when upstreams are configured
+    )
 
     return Gateway([upstream_spec(s) for s in config.mcp.servers],
                    schema_budget_bytes=config.mcp.schema_budget_bytes, startup_wait=config.mcp.startup_wait_secs)
@@ -74,9 +78,9 @@ async def probe(config: Config, wait: float = STATUS_WAIT) -> list[UpstreamStatu
 
 def cmd_servers(args: argparse.Namespace) -> int:
     """`cru mcp servers [--json]`: start each configured upstream and show how it is."""
-    import trio
+    import trio  # only `cru mcp servers` runs its own trio loop
 
-    from crucible.config import load_config
+    from crucible.config import load_config  # (with it: the command's own config)
 
     config = load_config(getattr(args, "config", None))
     if not config.mcp.servers:

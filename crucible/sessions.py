@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from crucible.config import Config
     from crucible.delegation import Delegation
     from crucible.events import ChildEventHook
-    from crucible.plugins import PluginHost
+    from crucible.plugins.host import PluginHost
     from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
@@ -231,7 +231,9 @@ class BridgeHost:
         """The process's one gateway to the upstream MCP servers, shared by every session (its
         upstreams start on a bridge's first tools/list)."""
         if self.gateway is None:
-            from crucible.mcp_gateway import build_gateway
+            from crucible.mcp_gateway import (
+                build_gateway,  # the gateway (the mcp SDK's clients) only when upstreams are configured
+            )
 
             gateway = build_gateway(config)
             assert self._nursery is not None, "BridgeHost must be running"
@@ -242,7 +244,9 @@ class BridgeHost:
     async def plugins_for(self, config: Config) -> PluginHost:
         """The process's Lua plugins, loaded once (in a worker thread) and shared by every session."""
         if self.plugins is None:
-            from crucible.plugins import load_all
+            from crucible.plugins.host import (
+                load_all,  # Lua plugins load when the first bridge is built, not before the agent spawns
+            )
 
             self.plugins = await trio.to_thread.run_sync(load_all, config)
         return self.plugins
@@ -371,7 +375,7 @@ class CrucibleSession:
 
     async def elicit_upstream(self, server: str, params: Any) -> Any:
         """An upstream MCP server asks the person (elicitation/create) during a tool call."""
-        import mcp_types
+        import mcp_types  # the MCP types with the bridge, after the agent is spawned
 
         url = getattr(params, "url", None)
         ask = ElicitationAsk(self.label, server, str(params.message)[:2000],

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -258,7 +259,9 @@ class Upstream:
     @asynccontextmanager
     async def _connected(self) -> AsyncIterator[Any]:
         """An entered SDK `Client` (handshake done, lists fetched), watched for the end of its stream."""
-        from mcp.client.client import Client
+        from mcp.client.client import (
+            Client,  # the SDK's client loads when the first upstream starts
+        )
 
         client = Client(
             self._watched(self._transport()),
@@ -286,14 +289,18 @@ class Upstream:
             return self._stdio()
         if spec.transport == "http":
             return self._http()
-        from mcp.client.sse import sse_client
+        from mcp.client.sse import (
+            sse_client,  # each transport's client loads only when an upstream uses it
+        )
 
         return sse_client(spec.url or "", headers=dict(spec.headers) or None)
 
     @asynccontextmanager
     async def _http(self) -> AsyncIterator[Any]:
-        from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
+        from mcp.client.streamable_http import (
+            streamable_http_client,  # each transport's client loads only when an upstream uses it
+        )
+        from mcp.shared._httpx_utils import create_mcp_http_client  # (the HTTP stack with it)
 
         async with (create_mcp_http_client(headers=dict(self.spec.headers) or None) as http,
                     streamable_http_client(self.spec.url or "", http_client=http) as streams):
@@ -303,8 +310,11 @@ class Upstream:
     async def _stdio(self) -> AsyncIterator[Any]:
         """The SDK's stdio client, with the server's stderr read into a bounded tail (for the
         reason of an outage) instead of mixed into ours."""
-        import trio
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        import trio  # the stdio upstream's stderr pipe is read on trio (the host's runtime)
+        from mcp.client.stdio import (  # each transport's client loads only when an upstream uses it
+            StdioServerParameters,
+            stdio_client,
+        )
 
         spec = self.spec
         params = StdioServerParameters(command=spec.command or "", args=list(spec.args),
@@ -351,7 +361,9 @@ class Upstream:
     async def _watched(self, inner: Any) -> AsyncIterator[Any]:
         """The transport's streams, with its read side relayed so that its end (the server
         exited, the stream broke) is noticed even when no call is in flight."""
-        from mcp.shared.message import SessionMessage
+        from mcp.shared.message import (
+            SessionMessage,  # with the SDK's client, when an upstream starts
+        )
 
         async with inner as (read_stream, write_stream):
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -469,8 +481,10 @@ class Upstream:
         return client
 
     async def call(self, original: str, arguments: dict[str, Any], caller: Caller) -> types.CallToolResult:
-        from mcp.shared.exceptions import MCPError
-        from mcp_types import CONNECTION_CLOSED
+        from mcp.shared.exceptions import (
+            MCPError,  # with the SDK's client, when an upstream is called
+        )
+        from mcp_types import CONNECTION_CLOSED  # (as above)
 
         client = await self._ready_client()
         self._callers.append(caller)
@@ -768,7 +782,5 @@ async def _send_roots_changed(client: Any, name: str) -> None:
 
 def file_root(path: str, name: str | None = None) -> tuple[str, str]:
     """A folder as an MCP root (file:// URI, name)."""
-    from pathlib import Path
-
     p = Path(path)
     return p.as_uri(), name or p.name

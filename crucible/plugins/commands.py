@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
+from crucible.config import load_config
 from crucible.errors import CrucibleError
+from crucible.plugins.host import load_all, settings
 
 
 def _host(args: argparse.Namespace) -> Any:
-    from crucible.config import load_config
-    from crucible.plugins import load_all
 
     return load_all(load_config(getattr(args, "config", None)))
 
@@ -40,8 +40,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from crucible.config import load_config
-    from crucible.plugins.host import settings
 
     host = _host(args)
     info = host.get(args.name)

@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import mcp_types as types
+import trio
 
 from crucible.plugins.runtime import DEFAULT_MEMORY, LuaPlugin, PluginError, PluginStopped
+from crucible.plugins.runtime import to_json as lua_to_json
+from mcp_bridge.kiln_api import KilnError, NoteNotFoundError
 from mcp_bridge.tools import ToolContext, ToolError
 
 if TYPE_CHECKING:
@@ -175,9 +178,13 @@ def _inspect(entry: Path, source: str) -> PluginInfo | None:
 def read_manifest(path: Path) -> dict[str, Any]:
     """plugin.yaml, bounded: at most 64 KiB, no anchors or aliases, nested at most 8 levels, a
     mapping at the top. (A small stand-in until the security helper's bounded loader is in.)"""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
-    from ruamel.yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent
+    from ruamel.yaml import YAML  # a manifest is read only for a plugin folder (ruamel is ~50 ms)
+    from ruamel.yaml.error import YAMLError  # (as above)
+    from ruamel.yaml.events import (  # (as above)
+        AliasEvent,
+        CollectionEndEvent,
+        CollectionStartEvent,
+    )
 
     raw = path.read_bytes()
     if len(raw) > MANIFEST_MAX:
@@ -256,7 +263,7 @@ def _load(info: PluginInfo, conf: dict[str, Any]) -> None:
 
 
 def _is_table(value: Any) -> bool:
-    from lupa import lua54
+    from lupa import lua54  # Lua loads only when a plugin is found
 
     return lua54.lua_type(value) == "table"
 
@@ -282,7 +289,7 @@ def _tools(info: PluginInfo, spec: Any) -> list[PluginTool]:
             raise PluginError(f"{here}: a tool's name is a letter then letters, digits, '_' or '-'")
         if not _is_table(tool):
             raise PluginError(f"{here}: must be a table {{desc=..., params=..., fn=...}}")
-        from lupa import lua54
+        from lupa import lua54  # Lua loads only when a plugin is found
 
         if lua54.lua_type(tool["fn"]) != "function":
             raise PluginError(f"{here}: `fn` must be a function(args)")
@@ -312,7 +319,6 @@ _CURRENT: dict[int, ToolContext] = {}
 def _host_api(info: PluginInfo) -> dict[str, Any]:
     """`crucible.*` for a plugin: notes through the same kiln backend (path checks, atomic
     writes) as the MCP tools. Each returns (true, value) or (false, message)."""
-    from mcp_bridge.kiln_api import KilnError
 
     def kiln() -> Any:
         ctx = _CURRENT.get(id(info))
@@ -349,7 +355,6 @@ def _host_api(info: PluginInfo) -> dict[str, Any]:
                 "tags": note.tags, "links": note.links, "content_hash": note.content_hash}
 
     def note_exists(path: Any) -> bool:
-        from mcp_bridge.kiln_api import NoteNotFoundError
 
         try:
             kiln().read_note(_text(path, "path"))
@@ -382,9 +387,7 @@ def _host_api(info: PluginInfo) -> dict[str, Any]:
         return True
 
     def to_json(value: Any) -> str:
-        from crucible.plugins.runtime import to_json as convert
-
-        return json.dumps(convert(value), ensure_ascii=False)
+        return json.dumps(lua_to_json(value), ensure_ascii=False)
 
     api = {"read_note": read_note, "note_exists": note_exists, "list_notes": list_notes, "search": search,
            "write_note": write_note, "log": log, "json": to_json}
@@ -447,7 +450,6 @@ class PluginTool:
         return args
 
     async def run(self, ctx: ToolContext, args: dict[str, Any]) -> types.CallToolResult:
-        import trio
 
         runtime = self.plugin.runtime
         if runtime is None:

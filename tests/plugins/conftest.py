@@ -13,7 +13,7 @@ import pytest
 
 from crucible.config import parse_config
 from crucible.kiln_mcp import CrucibleKilnBackend
-from crucible.plugins import PluginHost, load_all
+from crucible.plugins.host import PluginHost, load_all
 from mcp_bridge.server import BridgeServer
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-KILN"
