@@ -177,7 +177,7 @@ class ChatInput:
         entry.append("› " + text)
         entry.finish()
         ui.transcript.add(entry)
-        starting = ui.status.state == "starting agent"
+        starting = ui.status.state in ("starting", "starting agent")  # queued until the agent is up
         if not ui.agent_alive and not starting:
             ui.error("the agent is not running: /restart starts it again")
             return
