@@ -28,6 +28,8 @@ from crucible.sessions import (
     BridgeHost,
     SessionOptions,
     approve_all_asker,
+    decline_elicitor,
+    defaults_elicitor,
     deny_all_asker,
     deny_asker,
     open_session,
@@ -98,9 +100,11 @@ def build_options(args: argparse.Namespace) -> SessionOptions:
     else:
         asker = deny_asker
     record = Path(args.record) if getattr(args, "record", None) else None
+    # An upstream MCP server's question (elicitation) in -p: declined, or its defaults with --approve-all.
+    elicitor = defaults_elicitor if getattr(args, "approve_all", False) else decline_elicitor
     return SessionOptions(agent=spec, kiln=kiln, cwd=cwd, config=config, card=card, asker=asker, record=record,
                           resume=saved.id if saved is not None else None, model=getattr(args, "model", None),
-                          mode=getattr(args, "mode", None))
+                          mode=getattr(args, "mode", None), elicitor=elicitor)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -46,6 +46,7 @@ from crucible.tui.agent import AgentLoop
 from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
 from crucible.tui.commands import Commands
+from crucible.tui.elicitation import ElicitationQueue
 from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
 from crucible.tui.permissions import (
@@ -64,7 +65,9 @@ class ChatUI:
 
     def __init__(self, opts: SessionOptions, history: History | None = None) -> None:
         self.queue = PermissionQueue(self.refresh_now)
-        self.opts = replace(opts, asker=self.queue)  # the caller's options stay as they were
+        self.questions = ElicitationQueue(self.refresh_now)  # upstream MCP servers' questions
+        # the caller's options stay as they were
+        self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
         self.session: CrucibleSession | None = None
         self.status = StatusBar(opts.agent.name + (f" › {opts.card.name}" if opts.card else ""))
         self.transcript = TranscriptControl()
@@ -89,14 +92,14 @@ class ChatUI:
         self.pacer = Pacer(self.app)
 
     def _layout(self) -> Layout:
-        status, queue, buffer = self.status, self.queue, self.input.buffer
+        status, queue, questions, buffer = self.status, self.queue, self.questions, self.input.buffer
         body = HSplit([
             Window(self.transcript, wrap_lines=False),
             ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(Window(FormattedTextControl(lambda: dialog_text(queue)),
-                                        height=lambda: dialog_height(queue), style="class:dialog", wrap_lines=True),
-                                 filter=Condition(lambda: queue.current is not None)),
+            ConditionalContainer(Window(FormattedTextControl(lambda: dialog_text(queue, questions)),
+                                        height=lambda: dialog_height(queue, questions), style="class:dialog", wrap_lines=True),
+                                 filter=Condition(lambda: queue.current is not None or questions.current is not None)),
             Window(FormattedTextControl([("class:separator", "─" * 200)]), height=1, style="class:separator"),
             Window(BufferControl(buffer), wrap_lines=True,
                    height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
@@ -109,7 +112,7 @@ class ChatUI:
 
     def _status_text(self) -> StyleAndTextTuples:
         acp = self.session.acp if self.session is not None else None
-        return self.status.text(acp, waiting=self.queue.current is not None)
+        return self.status.text(acp, waiting=self.queue.current is not None or self.questions.current is not None)
 
     # -- drawing ---------------------------------------------------------------------------
     def refresh(self) -> None:

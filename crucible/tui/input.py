@@ -92,13 +92,27 @@ class ChatInput:
         ui, buffer = self.ui, self.buffer
         kb = KeyBindings()
         dialog = Condition(lambda: ui.queue.current is not None)
+        # An upstream MCP server's question (no permission request before it): typed, then Enter.
+        question = Condition(lambda: ui.queue.current is None and ui.questions.current is not None)
+
+        @kb.add("enter", filter=question)
+        def _answer_question(event: KeyPressEvent) -> None:
+            problem = ui.questions.answer(buffer.text)
+            if problem is not None:
+                ui.say_flash(problem)
+            else:
+                buffer.reset()
+
+        @kb.add("escape", filter=question, eager=True)
+        def _decline_question(event: KeyPressEvent) -> None:
+            ui.questions.decline()
 
         for key in KEYS:
             @kb.add(key, filter=dialog, eager=True)
             def _answer(event: KeyPressEvent, key: str = key) -> None:
                 ui.answer_permission(key)
 
-        @kb.add("enter", filter=~dialog)
+        @kb.add("enter", filter=~dialog & ~question)
         def _submit(event: KeyPressEvent) -> None:
             state = buffer.complete_state
             if state is not None and state.current_completion is not None:
@@ -163,7 +177,7 @@ class ChatInput:
         entry.append("› " + text)
         entry.finish()
         ui.transcript.add(entry)
-        starting = ui.status.state == "starting agent"
+        starting = ui.status.state in ("starting", "starting agent")  # queued until the agent is up
         if not ui.agent_alive and not starting:
             ui.error("the agent is not running: /restart starts it again")
             return

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomlkit
 import trio
@@ -27,6 +28,9 @@ from crucible.sessions import PermissionAsk
 from crucible.terminal import sanitize
 from crucible.tui.feed import diff_lines, pretty, text_block_lines
 from crucible.tui.markdown import Fragments
+
+if TYPE_CHECKING:
+    from crucible.tui.elicitation import ElicitationQueue
 
 # key -> (decision, save a rule to the config, label)
 KEYS: dict[str, tuple[DecisionKind, bool, str]] = {
@@ -94,11 +98,12 @@ class PermissionQueue:
         return label, rule
 
 
-def dialog_lines(queue: PermissionQueue) -> list[Fragments]:
+def dialog_lines(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> list[Fragments]:
+    """The dialog: the first permission request waiting, else an upstream server's question."""
     """The first question: who wants to run what (its diff or arguments), and the keys."""
     pending = queue.current
     if pending is None:
-        return []
+        return questions.dialog_lines() if questions is not None else []
     ask = pending.ask
     request = ask.request
     call = request.tool_call if request is not None else None
@@ -130,17 +135,17 @@ def dialog_lines(queue: PermissionQueue) -> list[Fragments]:
     return lines
 
 
-def dialog_text(queue: PermissionQueue) -> StyleAndTextTuples:
+def dialog_text(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> StyleAndTextTuples:
     out: StyleAndTextTuples = []
-    for i, line in enumerate(dialog_lines(queue)):
+    for i, line in enumerate(dialog_lines(queue, questions)):
         if i:
             out.append(("", "\n"))
         out.extend(line)
     return out
 
 
-def dialog_height(queue: PermissionQueue) -> Dimension:
-    return Dimension(min=2, max=10, preferred=len(dialog_lines(queue)))
+def dialog_height(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> Dimension:
+    return Dimension(min=2, max=10, preferred=len(dialog_lines(queue, questions)))
 
 
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:

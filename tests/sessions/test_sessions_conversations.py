@@ -188,7 +188,7 @@ def test_agent_command_sessions_are_named_by_the_program_and_resumed_with_it(cha
     res = chat.run({}, "hello")
     assert res.returncode == 0, res.stderr
     [line] = _listed(chat)
-    assert line.split()[2] == "scripted_agent"  # not python3
+    assert line.split()[3] == "scripted_agent"  # not python3 (id, date, time, agent)
     sid = line.split()[0]
     res = _cru(chat, "session", "resume", sid, "-p", "again")
     assert "echo: again" in res.stdout
