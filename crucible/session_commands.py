@@ -10,23 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from crucible.session_store import Conversation, SessionStore, message_records, search_conversations
+from crucible.session_store import (
+    Conversation,
+    SessionStore,
+    conversation_line,
+    message_records,
+    search_conversations,
+    when_text,
+)
 from crucible.terminal import sanitize
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
-
-
-def conversation_line(conv: Conversation) -> str:
-    """One conversation as `cru session list` and `/sessions` show it."""
-    card = f" card={conv.card}" if conv.card else ""
-    return sanitize(f"{conv.id}  {_when(conv.updated)}  {conv.agent}{card}  turns={conv.turns}  {conv.title}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -57,7 +53,7 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
     first = conv.entries[0]
     lines = [f"# {conv.title or 'Session ' + conv.id}", "",
              f"session {conv.id} · agent {conv.agent}" + (f" · card {conv.card}" if conv.card else "")
-             + f" · cwd {conv.latest.cwd} · {_when(first.created)} – {_when(conv.updated)} · {conv.turns} turns"]
+             + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {conv.turns} turns"]
     records = list(message_records(records))
     final: dict[str, dict[str, Any]] = {}
     for record in records:

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from crucible.config import data_dir
 from crucible.errors import CrucibleError
+from crucible.terminal import sanitize
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
@@ -328,7 +329,7 @@ class SessionStore:
         for name in matches[:10]:
             try:
                 m = self._load(self.root / name)
-                shown.append(f"{name}  {_when(m.updated)}  {m.agent}  {m.title[:40]}")
+                shown.append(f"{name}  {when_text(m.updated)}  {m.agent}  {m.title[:40]}")
             except CrucibleError:
                 shown.append(name)
         more = f" (and {len(matches) - 10} more)" if len(matches) > 10 else ""
@@ -394,7 +395,7 @@ def _first_of(meta: SessionMeta, metas: Mapping[str, SessionMeta]) -> str:
     return current.id
 
 
-def _when(ts: float) -> str:
+def when_text(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
@@ -487,3 +488,32 @@ def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
     first = min((i for i in (lowered.find(t[:4]) for t in wanted) if i >= 0), default=0)
     start = max(0, first - width // 3)
     return ("…" if start else "") + best[start:start + width] + "…"
+
+
+# -- what a person is shown -------------------------------------------------------------------
+
+
+def conversation_line(conv: Conversation) -> str:
+    """One conversation as `cru session list` and `/sessions` show it."""
+    card = f" card={conv.card}" if conv.card else ""
+    return sanitize(f"{conv.id}  {when_text(conv.updated)}  {conv.agent}{card}  turns={conv.turns}  {conv.title}")
+
+
+def picker_lines(store: SessionStore, query: str = "", limit: int = 10) -> list[str]:
+    """What the chat's `/sessions [QUERY]` shows: the newest conversations, or those matching
+    QUERY (titles and full text, across agents), each with its id to resume."""
+    if query.strip():
+        hits = search_conversations(store, query, limit=limit)
+        if not hits:
+            return [f"no saved session mentions {query!r}"]
+        lines = [f"Sessions matching {query!r} (cru session resume ID):"]
+        for hit in hits:
+            lines.append("  " + conversation_line(hit.conversation))
+            if hit.snippet:
+                lines.append("      " + sanitize(hit.snippet))
+        return lines
+    convs = store.conversations()
+    if not convs:
+        return ["no saved sessions"]
+    return ["Saved sessions (cru session resume ID; /sessions WORDS searches them):"] + [
+        "  " + conversation_line(conv) for conv in convs[:limit]]

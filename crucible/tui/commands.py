@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from crucible.errors import CrucibleError
+from crucible.session_store import picker_lines
 from crucible.terminal import sanitize
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 OWN_COMMANDS: dict[str, str] = {
     "help": "list the commands and keys",
     "cancel": "cancel the running turn (Ctrl-C)",
-    "sessions": "list saved sessions",
+    "sessions": "list saved sessions, or /sessions WORDS to search them",
     "card": "show the agent card of this session",
     "mcp": "the upstream MCP servers: up or down, their tools, the last error",
     "usage": "tokens and cost, this turn and this session",
@@ -107,18 +108,16 @@ class Commands:
             self.ui.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
 
     async def do_sessions(self, args: str) -> None:
+        """/sessions [WORDS]: the saved conversations, newest first, or those WORDS find."""
         store = self.ui.opts.store
         if store is None:
             self.ui.notice("no sessions yet")
             return
-        metas = await trio.to_thread.run_sync(store.list)
-        if not metas:
-            self.ui.notice("no saved sessions")
+        try:
+            lines = await trio.to_thread.run_sync(picker_lines, store, args)
+        except CrucibleError as exc:
+            self.ui.error(exc.message + (f"\nfix: {exc.fix}" if exc.fix else ""))
             return
-        lines = ["Saved sessions (cru session resume ID):"]
-        for meta in metas[:10]:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.updated))
-            lines.append(f"  {meta.id}  {when}  {meta.agent}  {sanitize(meta.title or '')[:40]}")
         self.ui.notice("\n".join(lines))
 
     async def do_mcp(self, args: str) -> None:

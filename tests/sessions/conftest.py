@@ -80,3 +80,30 @@ def group_gone(pgid: int, timeout: float = 10) -> bool:
         time.sleep(0.05)
     os.killpg(pgid, signal.SIGKILL)
     return False
+
+
+class RawEditor:
+    """`cru acp` over its stdio, as an editor: NDJSON JSON-RPC, answers matched by id."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.next_id = 0
+
+    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.next_id += 1
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                                          "params": params}) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "cru acp closed its output"
+            frame = json.loads(line)
+            if frame.get("id") == self.next_id and "method" not in frame:
+                return frame
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pexpect
 import pyte
-from conftest import SCRIPTED, ChatRunner
+from conftest import SCRIPTED, ChatRunner, RawEditor
 
 ROOT = os.geteuid() == 0
 
@@ -83,33 +83,6 @@ def test_an_unknown_refusal_shows_the_error_data_and_the_stderr_tail(chat: ChatR
     assert "could not start a session: Internal error (code -32603)" in res.stderr
     assert "disk full" in res.stderr  # error.data
     assert "its stderr ends: fatal: cannot open the cache folder" in res.stderr
-
-
-class RawEditor:
-    """`cru acp` over its stdio, as an editor: NDJSON JSON-RPC, answers matched by id."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-        self.next_id = 0
-
-    def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.next_id += 1
-        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method,
-                                          "params": params}) + "\n")
-        self.proc.stdin.flush()
-        while True:
-            line = self.proc.stdout.readline()
-            assert line, "cru acp closed its output"
-            frame = json.loads(line)
-            if frame.get("id") == self.next_id and "method" not in frame:
-                return frame
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 def test_cru_acp_gives_the_editor_the_cause_and_the_fix(chat: ChatRunner) -> None:

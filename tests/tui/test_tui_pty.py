@@ -262,7 +262,7 @@ def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
     screen.type_line("/card")
     screen.wait_for("no agent card in this session")
     screen.type_line("/sessions")
-    screen.wait_all("Saved sessions (cru session resume ID):", "/summarize briefly")  # this one, titled
+    screen.wait_all("Saved sessions (cru session resume ID", "Kiln summary")  # this one, titled by the agent
     leave(screen)
 
 
