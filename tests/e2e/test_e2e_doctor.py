@@ -28,8 +28,10 @@ def test_agents_reports_found_missing_and_broken(npm_ready: None, tmp_path: Path
                          timeout=180)
     assert res.returncode == 0, res.stderr
     lines = {line.split()[0]: line for line in res.stdout.splitlines() if line and not line.startswith(" ")}
-    for name in ("claude", "opencode", "gemini"):
+    for name in ("claude", "opencode"):
         assert lines[name].split()[1] == "ok", res.stdout
+    # No key for gemini in this environment: not "ok" beside a problem, but what is missing (16.7).
+    assert lines["gemini"].split()[1] == "login" and "GEMINI_API_KEY" in res.stdout, res.stdout
     assert lines["codex"].split()[1] == "missing"
     assert "npm install -g @zed-industries/codex-acp" in res.stdout
     assert lines["broken"].split()[1] == "broken"
