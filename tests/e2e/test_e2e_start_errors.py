@@ -100,3 +100,16 @@ def test_gemini_without_a_key_is_told_how_to_log_in(npm_ready: None, fake_llm, k
     assert "the agent gemini needs you to log in (Gemini API key is missing or not configured., code -32000)" \
         in res.stderr, res.stderr
     assert "fix: set GEMINI_API_KEY" in res.stderr
+
+
+def test_opencode_with_a_provider_it_has_no_key_for_says_so(npm_ready: None, fake_llm, kiln: Path,
+                                                            tmp_path: Path, cru_bin: str) -> None:
+    chat = RealChat("opencode", fake_llm, kiln, tmp_path, cru_bin)
+    config = {"autoupdate": False, "share": "disabled", "model": "anthropic/claude-sonnet-4-5",
+              "enabled_providers": ["anthropic"]}
+    chat.env["OPENCODE_CONFIG_CONTENT"] = json.dumps(config)
+    chat.env.pop("ANTHROPIC_API_KEY", None)
+    res = chat.run("hello", timeout=180)
+    assert res.returncode == 1, res.stderr
+    assert "the agent opencode has no model it can use" in res.stderr, res.stderr
+    assert "opencode auth login" in res.stderr
