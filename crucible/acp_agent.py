@@ -537,9 +537,10 @@ class AcpAgentServer:
         )
 
         cwd = params.get("cwd")
-        metas = await trio.to_thread.run_sync(SessionStore().list)
-        sessions = [{"sessionId": m.id, "cwd": m.cwd, "title": m.title or None, "updatedAt": _iso(m.updated)}
-                    for m in metas if m.parent is None and (not cwd or m.cwd == cwd)]
+        # One per conversation, none without a turn (crucible/session_store.py).
+        convs = await trio.to_thread.run_sync(SessionStore().conversations)
+        sessions = [{"sessionId": c.id, "cwd": c.latest.cwd, "title": c.title or None, "updatedAt": _iso(c.updated)}
+                    for c in convs if not cwd or c.latest.cwd == cwd]
         return {"sessions": [{k: v for k, v in s.items() if v is not None} for s in sessions]}
 
     async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
