@@ -400,8 +400,8 @@ def when_text(ts: float) -> str:
 
 
 def _try_lock(folder: Path) -> IO[bytes] | None:
-    """The entry's lock, held until closed; None when another process holds it."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """The entry's lock (in its folder, which exists), held until closed; None when another
+    process holds it."""
     fh = open(folder / ".lock", "ab")  # noqa: SIM115 - held for the writer's life
     try:
         os.chmod(folder / ".lock", 0o600)

@@ -50,3 +50,39 @@ def test_cru_session_commands(cru_bin: str, clean_env: dict[str, str], tmp_path:
     assert json.loads(out.stdout)["session"]["agent"] == "claude"
     res = subprocess.run([cru_bin, "session", "show", "nope"], env=clean_env, capture_output=True, text=True)
     assert res.returncode == 1 and "no saved session 'nope'" in res.stderr and "cru session list" in res.stderr
+
+
+def test_a_conversation_open_elsewhere_goes_on_in_a_chained_entry_listed_as_one(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path)
+    first = store.create(SessionMeta(id="20261203-090000-aaaaaa", agent="claude", created=1, updated=1, cwd="/p"))
+    first.append({"type": "user_message", "text": "one"})
+    first.append({"type": "turn_end", "stop_reason": "end_turn"})
+    first.flush()
+    # Still open (another cru holds it): the new part is saved apart, chained to it.
+    later = SessionMeta(id="20261203-100000-bbbbbb", agent="opencode", created=2, updated=2, cwd="/q")
+    writer, in_place = store.continue_conversation("aaaaaa", later)
+    assert not in_place and writer.meta.id == "20261203-100000-bbbbbb"
+    assert writer.meta.resumed_from == "20261203-090000-aaaaaa"
+    first.close()
+    writer.append({"type": "user_message", "text": "two"})
+    writer.append({"type": "turn_end", "stop_reason": "end_turn"})
+    writer.close()
+    [conv] = store.conversations()
+    assert conv.id == "20261203-090000-aaaaaa" and conv.turns == 2 and conv.agent == "opencode"
+    assert store.conversation("bbbbbb").id == conv.id  # either id finds the whole conversation
+    assert "User: one\n\nUser: two" in store.history_as_context("bbbbbb")
+    # Closed now: the next resume goes on in the first entry itself.
+    writer, in_place = store.continue_conversation("bbbbbb", SessionMeta(
+        id="20261203-110000-cccccc", agent="gemini", created=3, updated=3, cwd="/r"))
+    assert in_place and writer.meta.id == "20261203-090000-aaaaaa" and writer.meta.agent == "gemini"
+    writer.close()
+    assert [r["type"] for r in store.events("aaaaaa")][-1] == "resumed"
+
+
+def test_messages_saved_in_parts_are_read_whole(tmp_path: Path) -> None:
+    from crucible.session_store import message_records
+
+    records = [{"type": "agent_message", "text": "Hel"}, {"type": "agent_message", "text": "lo", "cont": True},
+               {"type": "user_message", "text": "next"}, {"type": "agent_message", "text": "again"}]
+    assert [(r["type"], r["text"]) for r in message_records(records)] == [
+        ("agent_message", "Hello"), ("user_message", "next"), ("agent_message", "again")]
