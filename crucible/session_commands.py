@@ -55,11 +55,18 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
              f"session {conv.id} · agent {conv.agent}" + (f" · card {conv.card}" if conv.card else "")
              + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {conv.turns} turns"]
     records = list(message_records(records))
-    final: dict[str, dict[str, Any]] = {}
+    # A tool call's records, by (turn, id): ids are the agent's, unique within a turn only.
+    keys: list[tuple[int, str] | None] = []
+    final: dict[tuple[int, str], dict[str, Any]] = {}
+    turn = 0
     for record in records:
-        if record.get("type") == "tool_call" and record.get("id"):
-            final[str(record["id"])] = {**final.get(str(record["id"]), {}), **record}
-    drawn: set[str] = set()
+        key = (turn, str(record["id"])) if record.get("type") == "tool_call" and record.get("id") else None
+        keys.append(key)
+        if key is not None:
+            final[key] = {**final.get(key, {}), **record}
+        if record.get("type") in ("turn_end", "resumed"):
+            turn += 1
+    drawn: set[tuple[int, str]] = set()
     section = None
 
     def heading(name: str | None) -> None:
@@ -68,9 +75,11 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             lines.extend(["", name, ""])
         section = name
 
-    for record in records:
+    for record, key in zip(records, keys, strict=True):
         kind = record.get("type")
         text = str(record.get("text", ""))
+        if kind not in ("user_message", "history_user_message", "agent_message", "agent_thought"):
+            section = None  # the next message gets its heading again
         if kind in ("user_message", "history_user_message"):
             heading("## You")
             lines.append(text)
@@ -81,11 +90,11 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             heading("### Thinking")
             lines.append("> " + text.replace("\n", "\n> "))
         elif kind == "tool_call":
-            call_id = str(record.get("id") or "")
-            if call_id and call_id in drawn:
+            if key is not None and key in drawn:
                 continue
-            drawn.add(call_id)
-            lines.extend(_tool_lines(final.get(call_id, record) if call_id else record))
+            if key is not None:
+                drawn.add(key)
+            lines.extend(_tool_lines(final[key] if key is not None else record))
         elif kind == "permission":
             lines.append(f"- permission for `{record.get('title', '')}`: {record.get('decision', '')}"
                          + (f" ({record['reason']})" if record.get("reason") else ""))
@@ -96,7 +105,6 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
         elif kind == "turn_end" and record.get("error"):
             lines.extend(["", f"**the turn failed:** {record['error']}"])
         elif kind == "resumed":
-            heading(None)
             lines.extend(["", f"*── resumed with {record.get('agent', '')} ──*"])
         elif kind == "plan":
             entries = record.get("entries") or []

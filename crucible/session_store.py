@@ -230,15 +230,20 @@ def message_records(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any
     """The records with each message that was saved in parts (`"cont": true`, written when a
     long stream was flushed mid-way) joined into one."""
     held: dict[str, Any] | None = None
+    parts: list[str] = []  # the held message's text, joined once (`+=` would be O(n²))
+
+    def whole(record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "text": "".join(parts)} if len(parts) > 1 else record
+
     for record in records:
         if record.get("cont") and held is not None and held.get("type") == record.get("type"):
-            held = {**held, "text": str(held.get("text", "")) + str(record.get("text", ""))}
+            parts.append(str(record.get("text", "")))
             continue
         if held is not None:
-            yield held
-        held = record
+            yield whole(held)
+        held, parts = record, [str(record.get("text", ""))]
     if held is not None:
-        yield held
+        yield whole(held)
 
 
 class SessionStore:
@@ -249,9 +254,6 @@ class SessionStore:
         writer = SessionWriter(self.root / meta.id, meta)
         writer.lock = _try_lock(writer.folder)
         return writer
-
-    def reopen(self, session_id: str) -> SessionWriter:
-        return SessionWriter(self.root / session_id, self.meta(session_id))
 
     def continue_conversation(self, ref: str, meta: SessionMeta) -> tuple[SessionWriter, bool]:
         """A writer that goes on with the conversation `ref`: its own entry, updated with what

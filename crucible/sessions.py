@@ -575,10 +575,6 @@ def explain_start_failure(spec: AgentSpec, exc: BaseException, *, stderr: str = 
                          f"run `cru doctor` to check the agent; the command was `{spec.display()}`")
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
-
-
 @asynccontextmanager
 async def open_session(opts: SessionOptions, host: BridgeHost, *, process: AgentProcess | None = None,
                        parent: Delegation | None = None) -> AsyncIterator[CrucibleSession]:

@@ -159,7 +159,9 @@ def test_bad_profiles_say_what_to_write(profile: dict[str, object], message: str
 def test_agent_command_is_split_like_a_shell() -> None:
     spec = resolve_agent(None, agent_command="node '/opt/my agent/index.js' --acp")
     assert spec.argv == ["node", "/opt/my agent/index.js", "--acp"]
-    assert (spec.name, spec.source, spec.env) == ("node", "--agent-command", {})
+    # Named by the program that speaks ACP, not its interpreter (issue 16.3): index.js names nothing,
+    # its folder does.
+    assert (spec.name, spec.source, spec.env) == ("my agent", "--agent-command", {})
     assert resolve_agent("claude", agent_command="my-claude --x").argv == ["my-claude", "--x"]
     with pytest.raises(AgentRegistryError, match="is empty"):
         resolve_agent(None, agent_command="   ")

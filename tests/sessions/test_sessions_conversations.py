@@ -193,3 +193,21 @@ def test_agent_command_sessions_are_named_by_the_program_and_resumed_with_it(cha
     res = _cru(chat, "session", "resume", sid, "-p", "again")
     assert "echo: again" in res.stdout
     assert _count(chat, "session/resume") == 1
+
+
+def test_agent_command_names_are_the_programs_that_speak_acp() -> None:
+    from acp_host.registry import program_name
+
+    cases = {
+        "python3 /x/fixtures/scripted_agent.py script.json": "scripted_agent",
+        "npx -y @zed-industries/claude-agent-acp": "claude-agent-acp",
+        "node /m/node_modules/@zed-industries/claude-agent-acp/dist/index.js": "claude-agent-acp",
+        "node /m/@google/gemini-cli/bundle/gemini.js --acp": "gemini",
+        "/m/opencode-ai/bin/opencode.exe acp": "opencode",
+        "python -m my_agent.server": "my_agent.server",
+        "env FOO=1 uvx --from pkg my-agent": "my-agent",
+        "npx my-pkg@1.2.3": "my-pkg",
+        "my-agent --acp": "my-agent",
+    }
+    for command, name in cases.items():
+        assert program_name(command.split()) == name, command
