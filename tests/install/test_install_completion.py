@@ -67,7 +67,7 @@ def bash_script(tmp_path: Path, cru_bin: str, machine: dict[str, str]) -> Path:
 def test_bash_completes_commands_and_options(bash_script: Path, machine: dict[str, str], tmp_path: Path) -> None:
     assert _bash_complete(bash_script, "cru ses", machine, tmp_path) == ["session"]
     assert set(_bash_complete(bash_script, "cru session ", machine, tmp_path)) == {
-        "list", "show", "resume", "export", "create"}
+        "list", "show", "resume", "export", "create", "search"}
     assert "--print-config" in _bash_complete(bash_script, "cru mcp --pr", machine, tmp_path)
     assert set(_bash_complete(bash_script, "cru mcp --print-config ", machine, tmp_path)) == {
         "claude", "claude-desktop", "cursor", "zed", "gemini", "opencode"}
