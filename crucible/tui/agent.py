@@ -179,6 +179,7 @@ class AgentLoop:
             if item.steer:
                 blocks.append({"type": "text", "text": STEER_NOTE})
             ui.status.turn_started()
+            ui.forget_ctrl_c()
             ui.refresh_now()
             try:
                 async with trio.open_nursery() as nursery:

@@ -105,21 +105,25 @@ class ChatUI:
 
     def _layout(self) -> Layout:
         status, queue, buffer, prompts = self.status, self.queue, self.input.buffer, self.prompts
+        # The dialog takes the keys while it asks (focused: keys that do not answer it go nowhere,
+        # none reaches the input box); the input box has them back when it goes.
+        self.dialog_window = Window(
+            FormattedTextControl(lambda: dialog_text(queue, self.question), focusable=True, show_cursor=False,
+                                 key_bindings=self.input.dialog_key_bindings()),
+            height=lambda: dialog_height(queue, self.question), style="class:dialog", wrap_lines=False)
+        self.input_window = Window(BufferControl(buffer), wrap_lines=True,
+                                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
+                                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  ")
         body = HSplit([
             Window(self.transcript, wrap_lines=False),
             ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(Window(FormattedTextControl(lambda: dialog_text(queue, self.question)),
-                                        height=lambda: dialog_height(queue, self.question), style="class:dialog",
-                                        wrap_lines=False),
-                                 filter=Condition(lambda: self.dialog_up)),
+            ConditionalContainer(self.dialog_window, filter=Condition(lambda: self.dialog_up)),
             ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
                                         height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
                                  filter=Condition(lambda: bool(prompts.items))),
             Window(FormattedTextControl([("class:separator", "─" * 200)]), height=1, style="class:separator"),
-            Window(BufferControl(buffer), wrap_lines=True,
-                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
-                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  "),
+            self.input_window,
             Window(FormattedTextControl(self._status_text), height=1, style="class:status"),
         ])
         root = FloatContainer(body, floats=[Float(xcursor=True, ycursor=True,
@@ -144,6 +148,9 @@ class ChatUI:
         self.pacer.request()
 
     def refresh_now(self) -> None:
+        target = self.dialog_window if self.dialog_up else self.input_window
+        if not self.app.layout.has_focus(target):
+            self.app.layout.focus(target)
         self.app.invalidate()
 
     def say_flash(self, text: str, seconds: float = 3.0) -> None:
@@ -337,9 +344,9 @@ class ChatUI:
                           "send or drop?", {"d": ("drop them", drop), "k": ("keep: send them", keep)},
                           [item.text.strip().split(chr(10), 1)[0][:100] for item in list(self.prompts.items)[:3]]))
 
-    def turn_ended(self) -> None:
-        """A turn ended: the hint of a Ctrl-C that cancelled it goes, and so does its meaning
-        (a Ctrl-C now does not leave)."""
+    def forget_ctrl_c(self) -> None:
+        """A turn started or ended: the hint of an earlier Ctrl-C goes, and so does its meaning
+        (the next Ctrl-C cancels or warns; it does not leave)."""
         if self.last_ctrl_c:
             self.last_ctrl_c = 0.0
             self.status.clear_flash()

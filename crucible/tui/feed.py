@@ -398,7 +398,7 @@ class ChatFeed(Feed):
     def turn_ended(self, event: TurnEnded) -> None:
         super().turn_ended(event)
         self.ui.status.turn_ended(event)
-        self.ui.turn_ended()
+        self.ui.forget_ctrl_c()
         if event.error:
             self.add_notice(f"the turn failed: {event.error}", "class:error")
             self.ui.check_agent()

@@ -122,26 +122,34 @@ class ChatInput:
         self.buffer = Buffer(
             multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
             completer=ChatCompleter(ui.agent_commands, lambda: ui.notes),
-            read_only=Condition(lambda: ui.dialog_up),  # keys that do not answer the dialog go nowhere
         )
+
+    def dialog_key_bindings(self) -> KeyBindings:
+        """The dialog's keys (it has the focus while it asks): a key answers the question, or
+        does nothing."""
+        ui = self.ui
+        kb = KeyBindings()
+        permission = Condition(lambda: ui.queue.current is not None)
+
+        for key in KEYS:
+            @kb.add(key, filter=permission)
+            def _answer(event: KeyPressEvent, key: str = key) -> None:
+                ui.answer_permission(key)
+
+        @kb.add(Keys.Any)
+        @kb.add("enter")
+        @kb.add("tab")
+        @kb.add("backspace")
+        def _other(event: KeyPressEvent) -> None:
+            if ui.queue.current is None:
+                ui.answer_question(event.data)
+
+        return kb
 
     def key_bindings(self) -> KeyBindings:
         ui, buffer = self.ui, self.buffer
         kb = KeyBindings()
         dialog = Condition(lambda: ui.dialog_up)
-        permission = Condition(lambda: ui.queue.current is not None)
-
-        for key in KEYS:
-            @kb.add(key, filter=permission, eager=True)
-            def _answer(event: KeyPressEvent, key: str = key) -> None:
-                ui.answer_permission(key)
-
-        @kb.add(Keys.Any, filter=dialog)
-        @kb.add("enter", filter=dialog)
-        def _dialog_key(event: KeyPressEvent) -> None:
-            """While the dialog asks, a key answers its question or does nothing."""
-            if ui.queue.current is None:
-                ui.answer_question(event.data)
 
         @kb.add("enter", filter=~dialog)
         def _submit(event: KeyPressEvent) -> None:

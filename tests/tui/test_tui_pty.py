@@ -155,6 +155,8 @@ def test_agent_crash_shows_stderr_and_restart_brings_it_back(tui: TuiRunner) -> 
     screen.wait_for(lambda s: "agent stopped" in s.splitlines()[-1])
     screen.type_line("three")
     screen.wait_for("the agent is not running")
+    screen.type_line("/queue drop all")  # kept for after /restart unless dropped (see test_tui_daily)
+    screen.wait_for("dropped 1 queued prompt")
     screen.type_line("/restart")
     screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
     screen.type_line("four")
