@@ -1,18 +1,26 @@
-"""The terminal chat under a flood: keystroke latency and flood time vs headless `cru chat -p`.
+"""The terminal chat: start-up, keystroke latency and flood time vs headless `cru chat -p`.
 
 The scripted agent (fixtures/scripted_agent.py) answers each prompt with "FLOOD-START", N
 one-character `agent_message_chunk` updates (its `flood` step) and "FLOOD-END". Same agent,
 same N, same run:
 
+  start-up  `cru chat` in a pseudo-terminal: from the spawn to the status bar saying "ready"
+            (the input is ready), vs `cru chat -p hi --format json`: from the spawn to its first
+            event on stdout
   headless  `cru chat -p go`: time from the agent receiving session/prompt (its log) to
             FLOOD-END on cru's stdout (a pipe)
   tui       `cru chat` in a pseudo-terminal (80×24), its screen read with pyte: time from the
             agent receiving session/prompt to FLOOD-END on screen; meanwhile a key is typed, its
             echo in the input line awaited, then the next key: keystroke-to-screen latency
 
-    python bench/tui.py [--n 50000] [--repeat 3]
+    python bench/tui.py [--n 50000] [--repeat 3] [--baseline-src DIR]
 
-Goals (issue 6): tui flood time <= 1.5x headless; keystroke p95 < 100 ms.
+`--baseline-src DIR` measures the same again with the code in DIR first on PYTHONPATH (the
+before of a before/after, in the same run), e.g. the TUI before issue 16:
+    git archive a68b3d4 crucible acp_host mcp_bridge | tar -x -C /tmp/tui-before
+
+Goals: tui flood time <= 1.5x headless (issue 6), no slower than before (issue 16); keystroke
+p95 during the flood < 50 ms (issue 16).
 """
 
 from __future__ import annotations
@@ -84,6 +92,47 @@ def headless(tmp: Path, env: dict[str, str], kiln: Path, n: int) -> float:
     if start is None or end is None:
         raise RuntimeError("the headless run never showed the whole flood")
     return end - start
+
+
+def headless_first_event(tmp: Path, env: dict[str, str], kiln: Path) -> float:
+    """`cru chat -p` from its spawn to its first event on stdout (JSON lines)."""
+    script = tmp / "echo.json"
+    script.write_text(json.dumps({}))
+    argv = [CRU, "chat", "--agent-command", f"{sys.executable} {SCRIPTED} {script}", "--kiln", str(kiln), "-p", "hi",
+            "--format", "json"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    first = time.perf_counter() - start
+    proc.wait(timeout=60)
+    if not line:
+        raise RuntimeError("cru chat -p printed no event")
+    return first
+
+
+def tui_ready(tmp: Path, env: dict[str, str], kiln: Path) -> float:
+    """`cru chat` from its spawn to the status bar saying "ready" (the input takes a prompt)."""
+    script = tmp / "echo.json"
+    script.write_text(json.dumps({}))
+    argv = [CRU, "chat", "--agent-command", f"{sys.executable} {SCRIPTED} {script}", "--kiln", str(kiln)]
+    screen = pyte.Screen(COLS, ROWS)
+    stream = pyte.ByteStream(screen)
+    start = time.perf_counter()
+    child = pexpect.spawn(argv[0], argv[1:], env=env, cwd=str(tmp), dimensions=(ROWS, COLS))
+    deadline = time.monotonic() + 60
+    while "ready" not in screen.display[ROWS - 1]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("cru chat never became ready:\n" + "\n".join(screen.display))
+        try:
+            stream.feed(child.read_nonblocking(1 << 16, timeout=0.002))
+        except pexpect.TIMEOUT:
+            pass
+    ready = time.perf_counter() - start
+    child.send("\x04")
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    return ready
 
 
 class Tui:
@@ -175,10 +224,51 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+def measure(tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> dict[str, Any]:
+    """Every figure of one code base, in order: start-up, headless floods, TUI floods and keys."""
+    firsts = [headless_first_event(tmp, env, kiln) for _ in range(repeat)]
+    readies = [tui_ready(tmp, env, kiln) for _ in range(repeat)]
+    heads = [headless(tmp, env, kiln, n) for _ in range(repeat)]
+    tui = Tui(tmp, env, kiln, n, repeat)
+    tui.wait_for("ready")
+    floods: list[float] = []
+    keys: list[float] = []
+    idle = tui.idle_keys()
+    try:
+        for i in range(repeat):
+            seconds, lat = tui.flood(i)
+            floods.append(seconds)
+            keys.extend(lat)
+    finally:
+        tui.close()
+    return {"first": firsts, "ready": readies, "heads": heads, "floods": floods, "idle": idle, "keys": keys}
+
+
+def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
+    med = statistics.median
+    print(f"== {name}")
+    first, ready = med(r["first"]), med(r["ready"])
+    print(f"start-up, median of {repeat} (seconds from the spawn):")
+    print(f"  cru chat -p, first event : {first:.3f} s   ({', '.join(f'{x:.3f}' for x in r['first'])})")
+    print(f"  cru chat, input ready    : {ready:.3f} s   ({', '.join(f'{x:.3f}' for x in r['ready'])})")
+    print(f"  ratio ready/first event  : {ready / first:.2f}x")
+    head, tui_s = med(r["heads"]), med(r["floods"])
+    print(f"flood of {n} chunks, median of {repeat} (seconds from the agent receiving the prompt to FLOOD-END shown):")
+    print(f"  headless cru chat -p : {head:.3f} s   ({', '.join(f'{h:.3f}' for h in r['heads'])})")
+    print(f"  tui (pty, 80x24)     : {tui_s:.3f} s   ({', '.join(f'{f:.3f}' for f in r['floods'])})")
+    print(f"  ratio tui/headless   : {tui_s / head:.2f}x   (goal <= 1.5x)")
+    ms = [k * 1000 for k in r["idle"]]
+    print(f"keystroke to screen, idle ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
+    ms = [k * 1000 for k in r["keys"]]
+    print(f"keystroke to screen during the flood ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, "
+          f"p95 {pct(ms, 95):.1f} ms, max {max(ms):.1f} ms   (goal p95 < 50 ms)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
-    parser.add_argument("--repeat", type=int, default=3, help="floods per mode")
+    parser.add_argument("--repeat", type=int, default=3, help="floods (and start-ups) per mode")
+    parser.add_argument("--baseline-src", type=Path, help="a tree of crucible/, acp_host/, mcp_bridge/ to compare with")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
         tmp = Path(d)
@@ -187,31 +277,22 @@ def main() -> int:
         env = dict(os.environ, TERM="xterm-256color", XDG_CONFIG_HOME=str(tmp / "config"),
                    XDG_DATA_HOME=str(tmp / "data"))
         env.pop("NO_COLOR", None)
-        heads = []
-        for _ in range(args.repeat):
-            heads.append(headless(tmp, env, kiln, args.n))
-        tui = Tui(tmp, env, kiln, args.n, args.repeat)
-        tui.wait_for("ready")
-        floods: list[float] = []
-        keys: list[float] = []
-        idle = tui.idle_keys()
-        try:
-            for i in range(args.repeat):
-                seconds, lat = tui.flood(i)
-                floods.append(seconds)
-                keys.extend(lat)
-        finally:
-            tui.close()
-    head, tui_s = statistics.median(heads), statistics.median(floods)
-    print(f"flood of {args.n} chunks, median of {args.repeat} (seconds from the agent receiving the prompt to FLOOD-END shown):")
-    print(f"  headless cru chat -p : {head:.3f} s   ({', '.join(f'{h:.3f}' for h in heads)})")
-    print(f"  tui (pty, 80x24)     : {tui_s:.3f} s   ({', '.join(f'{f:.3f}' for f in floods)})")
-    print(f"  ratio tui/headless   : {tui_s / head:.2f}x   (goal <= 1.5x)")
-    ms = [k * 1000 for k in idle]
-    print(f"keystroke to screen, idle ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
-    ms = [k * 1000 for k in keys]
-    print(f"keystroke to screen during the flood ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, "
-          f"p95 {pct(ms, 95):.1f} ms, max {max(ms):.1f} ms   (goal p95 < 100 ms)")
+        env.pop("PYTHONPATH", None)
+        results = {"this tree": measure(tmp, env, kiln, args.n, args.repeat)}
+        if args.baseline_src is not None:
+            base_env = dict(env, PYTHONPATH=str(args.baseline_src.resolve()))
+            results[f"baseline {args.baseline_src}"] = measure(tmp, base_env, kiln, args.n, args.repeat)
+    for name, r in results.items():
+        report(name, args.n, args.repeat, r)
+    if len(results) == 2:
+        now, before = results.values()
+        med = statistics.median
+        print("== this tree / baseline (same run)")
+        print(f"  tui flood time     : {med(now['floods']) / med(before['floods']):.2f}x")
+        print(f"  tui/headless ratio : {(med(now['floods']) / med(now['heads'])) / (med(before['floods']) / med(before['heads'])):.2f}x")
+        print(f"  start-up (ready)   : {med(now['ready']) / med(before['ready']):.2f}x")
+        now_ms, before_ms = [k * 1000 for k in now["keys"]], [k * 1000 for k in before["keys"]]
+        print(f"  keystroke p95      : {pct(now_ms, 95):.1f} ms vs {pct(before_ms, 95):.1f} ms")
     return 0
 
 

@@ -230,10 +230,6 @@ class ToolEntry(BlockEntry):
             lines[0] = [("class:focus", "▶ "), *lines[0]]
         self.set_lines(lines)
 
-    def text(self) -> str:
-        return "\n".join("".join(t for _, t in line) for line in tool_call_lines(
-            self.call, self.feed.terminal_text, limit=None, args=self.args, write=self.write, cwd=self.feed.cwd))
-
 
 class Feed(Renderer):
     """A session's events as entries, added with `add`."""
@@ -308,7 +304,9 @@ class Feed(Renderer):
 
     def permission(self, event: PermissionResolved) -> None:
         decision, reason = permission_decision(event)
-        title = event.request.tool_call.title or event.request.tool_call.tool_call_id
+        call = event.request.tool_call
+        bridge = bridge_call(call)
+        title = bridge.title if bridge is not None else call.title or call.tool_call_id
         self.add_notice(f"permission: {title} → {decision}" + (f" ({reason})" if reason else ""))
 
     def turn_ended(self, event: TurnEnded) -> None:
