@@ -181,21 +181,19 @@ class AgentLoop:
             ui.status.turn_started()
             ui.forget_ctrl_c()
             ui.refresh_now()
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._tick)
-                    try:
-                        self.prompts_sent += 1
-                        await session.prompt(item.text, blocks or None)
-                    finally:
-                        nursery.cancel_scope.cancel()
-            except RuntimeError as exc:
-                ui.error(f"could not send the prompt: {exc}; it waits in the queue (/restart sends it, "
-                         "/queue drop 1 drops it)")
-                ui.prompts.put(item, first=True)
-                ui.prompts.hold()
-            finally:
-                ui.status.turn_stopped()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._tick)
+                try:
+                    self.prompts_sent += 1
+                    await session.prompt(item.text, blocks or None)
+                except RuntimeError as exc:
+                    ui.error(f"could not send the prompt: {exc}; it waits in the queue (/restart sends it, "
+                             "/queue drop 1 drops it)")
+                    ui.prompts.put(item, first=True)
+                    ui.prompts.hold()
+                finally:
+                    nursery.cancel_scope.cancel()
+                    ui.status.turn_stopped()
             ui.status.state = "ready" if ui.agent_alive else "agent stopped"
             ui.refresh_now()
 

@@ -321,6 +321,7 @@ class ChatUI:
             self.status.state = "cancelling"
             self.say_flash("cancelling the turn (Ctrl-C again to leave)")
             self.to_trio(session.cancel)
+            # (A /steer waiting is what the person just asked for: it goes without a question.)
             if self.prompts.items and not any(item.steer for item in self.prompts.items):
                 self.ask_about_queue()
         elif self.input.buffer.text:
@@ -342,7 +343,7 @@ class ChatUI:
 
         self.ask(Question(f"The turn is cancelled. {count} prompt{'s are' if count != 1 else ' is'} queued: "
                           "send or drop?", {"d": ("drop them", drop), "k": ("keep: send them", keep)},
-                          [item.text.strip().split(chr(10), 1)[0][:100] for item in list(self.prompts.items)[:3]]))
+                          [item.text.strip().split("\n", 1)[0][:100] for item in list(self.prompts.items)[:3]]))
 
     def forget_ctrl_c(self) -> None:
         """A turn started or ended: the hint of an earlier Ctrl-C goes, and so does its meaning

@@ -219,7 +219,7 @@ class ChatInput:
         item = self.ui.prompts.take(number)
         if item is None:
             return False
-        self.buffer.set_document(Document(item.text), bypass_readonly=True)
+        self.buffer.set_document(Document(item.text))
         return True
 
     def submit(self) -> None:
