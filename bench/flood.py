@@ -31,6 +31,7 @@ output is checked once on a small flood first (the last chunk must be in it). Ev
 gets a terminal as its stdin, as when typed by a person.
 
     python bench/flood.py --e2e [--n 200000] [--repeat 3] [--only cru,acpx,...] [--cru PATH]
+                          [--before PATH]   (another cru, e.g. an older checkout, in the same run)
 """
 
 from __future__ import annotations
@@ -291,11 +292,12 @@ def _acpx_bin() -> str | None:
     return str(acpx) if acpx is not None and acpx.exists() else None
 
 
-def e2e_argv(mode: str, n: int, tmp: Path, cru: str, acpx: str | None) -> list[str]:
+def e2e_argv(mode: str, n: int, tmp: Path, cru: str, acpx: str | None, before: str | None = None) -> list[str]:
     flood = shlex.join([*AGENT, str(n)])
-    if mode.startswith("cru"):
-        fmt = ["--format", "json"] if mode == "cru-json" else []
-        return [cru, "chat", "--agent-command", flood, "--kiln", str(tmp / "kiln"), "-p", "go", *fmt]
+    if mode.startswith(("cru", "before")):
+        fmt = ["--format", "json"] if mode.endswith("-json") else []
+        program = before if mode.startswith("before") and before else cru
+        return [program, "chat", "--agent-command", flood, "--kiln", str(tmp / "kiln"), "-p", "go", *fmt]
     if mode.startswith("acpx"):
         if acpx is None:
             raise SystemExit("acpx is not installed (scripts/setup-npm installs it); leave it out with --only")
@@ -315,8 +317,9 @@ def e2e_env(tmp: Path) -> dict[str, str]:
 
 
 def e2e_run(argv: list[str], env: dict[str, str], tmp: Path, stdout: Any = subprocess.DEVNULL
-            ) -> tuple[float, int]:
-    """Seconds from start to exit, and the command's peak RSS in KiB. Its stdin is a terminal,
+            ) -> tuple[float, int, float]:
+    """Seconds from start to exit, the command's peak RSS in KiB and its CPU seconds (its own and
+    its waited-for children's, the flood agent's included). Its stdin is a terminal,
     as when a person types the command (a program that is not started from one may act
     differently: `cru` then asks the login shell for PATH)."""
     terminal, stdin = os.openpty()
@@ -333,14 +336,14 @@ def e2e_run(argv: list[str], env: dict[str, str], tmp: Path, stdout: Any = subpr
     if proc.returncode != 0:
         tail = (tmp / "stderr.txt").read_text(errors="replace")[-3000:]
         raise SystemExit(f"{shlex.join(argv)} exited with {proc.returncode}:\n{tail}")
-    return seconds, usage.ru_maxrss
+    return seconds, usage.ru_maxrss, usage.ru_utime + usage.ru_stime
 
 
-def e2e_check(mode: str, tmp: Path, env: dict[str, str], cru: str, acpx: str | None) -> None:
+def e2e_check(mode: str, tmp: Path, env: dict[str, str], cru: str, acpx: str | None, before: str | None) -> None:
     """The command really shows the flood: its output ends with the last chunk."""
     n = 1000
     with open(tmp / "stdout.txt", "wb") as out:
-        e2e_run(e2e_argv(mode, n, tmp, cru, acpx), env, tmp, stdout=out)
+        e2e_run(e2e_argv(mode, n, tmp, cru, acpx, before), env, tmp, stdout=out)
     text = (tmp / "stdout.txt").read_text(errors="replace")
     if f"word{n - 1} " not in text or f"word{n - 2} " not in text:
         raise SystemExit(f"{mode}: the output does not show the flood's chunks:\n{text[-2000:]}")
@@ -351,7 +354,9 @@ def e2e_main(args: argparse.Namespace) -> None:
     import tempfile
 
     modes = [m for m in args.only.split(",") if m] if args.only != ",".join(MODES) else list(E2E_MODES)
-    unknown = set(modes) - set(E2E_MODES)
+    if args.before:
+        modes += ["before", "before-json"]
+    unknown = set(modes) - set(E2E_MODES) - {"before", "before-json"}
     if unknown:
         raise SystemExit(f"unknown e2e modes {sorted(unknown)}; choose from {', '.join(E2E_MODES)}")
     acpx = _acpx_bin()
@@ -361,28 +366,36 @@ def e2e_main(args: argparse.Namespace) -> None:
         (tmp / "home").mkdir()
         env = e2e_env(tmp)
         for mode in modes:
-            e2e_check(mode, tmp, env, args.cru, acpx)
-        runs: dict[str, list[tuple[float, int]]] = {m: [] for m in modes}
+            e2e_check(mode, tmp, env, args.cru, acpx, args.before)
+        runs: dict[str, list[tuple[float, int, float]]] = {m: [] for m in modes}
         for _ in range(args.repeat):  # interleaved: machine noise hits every command alike
             for mode in modes:
-                runs[mode].append(e2e_run(e2e_argv(mode, args.n, tmp, args.cru, acpx), env, tmp))
+                runs[mode].append(e2e_run(e2e_argv(mode, args.n, tmp, args.cru, acpx, args.before), env, tmp))
     print(f"end to end: {args.n} agent_message_chunk updates, {args.repeat} runs each, interleaved; "
           "stdout to /dev/null")
-    print(f"{'command':<10} {'events/s':>10} {'best s':>8} {'median s':>9} {'peak RSS':>10}")
+    print(f"{'command':<11} {'events/s':>10} {'best s':>8} {'median s':>9} {'peak RSS':>10} {'CPU s':>7}")
     rate: dict[str, float] = {}
     peak: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for mode in modes:
-        best = min(s for s, _ in runs[mode])
+        best = min(s for s, _, _ in runs[mode])
         rate[mode] = args.n / best
-        peak[mode] = max(k for _, k in runs[mode]) / 1024
-        median = statistics.median(s for s, _ in runs[mode])
-        print(f"{mode:<10} {rate[mode]:>10,.0f} {best:>8.3f} {median:>9.3f} {peak[mode]:>8.1f}MB")
+        peak[mode] = max(k for _, k, _ in runs[mode]) / 1024
+        cpu[mode] = statistics.median(c for _, _, c in runs[mode])
+        median = statistics.median(s for s, _, _ in runs[mode])
+        print(f"{mode:<11} {rate[mode]:>10,.0f} {best:>8.3f} {median:>9.3f} {peak[mode]:>8.1f}MB {cpu[mode]:>7.2f}")
+    print("(CPU s, the median, hardly depends on what else the machine runs: the steadier figure on a "
+          "busy machine)")
     for ours, peer, goal in (("cru", "acpx", ">= 1.0x, stretch 1.5x"), ("cru", "sdk", ">= 3x"),
-                             ("cru-json", "acpx-json", ">= 1.0x, stretch 1.5x"), ("cru-json", "sdk-json", ">= 3x")):
+                             ("cru-json", "acpx-json", ">= 1.0x, stretch 1.5x"), ("cru-json", "sdk-json", ">= 3x"),
+                             ("before", "acpx", "(before)"), ("before-json", "acpx-json", "(before)"),
+                             ("cru", "before", "(after / before)"), ("cru-json", "before-json", "(after / before)")):
         if ours in rate and peer in rate:
             memory = (f"; peak RSS {peak[ours] / peak[peer]:.2f}x (goal <= 1.0x)" if peer.startswith("acpx")
                       else "")
-            print(f"{ours + ' / ' + peer:<21} = {rate[ours] / rate[peer]:.2f}x events/s  (goal {goal}){memory}")
+            goal = f"goal {goal}" if goal.startswith(">") else goal.strip("()")
+            print(f"{ours + ' / ' + peer:<23} = {rate[ours] / rate[peer]:.2f}x events/s  ({goal}){memory}; "
+                  f"CPU {cpu[ours] / cpu[peer]:.2f}x")
 
 
 # -- driver ----------------------------------------------------------------------------
@@ -415,6 +428,7 @@ def main() -> None:
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--e2e", action="store_true", help="time the commands a person runs (see above)")
     parser.add_argument("--cru", default=CRU, help="--e2e: the cru executable to time (default: %(default)s)")
+    parser.add_argument("--before", metavar="CRU", help="--e2e: another cru (an older checkout) timed in the same run")
     args = parser.parse_args()
     if args.e2e:
         e2e_main(args)

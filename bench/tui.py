@@ -13,7 +13,8 @@ same N, same run:
             agent receiving session/prompt to FLOOD-END on screen; meanwhile a key is typed, its
             echo in the input line awaited, then the next key: keystroke-to-screen latency
 
-    python bench/tui.py [--n 50000] [--repeat 3] [--baseline-src DIR]
+    python bench/tui.py [--n 50000] [--repeat 3] [--cru PATH] [--baseline-src DIR]
+        (PATH: another cru, e.g. an older checkout's)
 
 `--baseline-src DIR` measures the same again with the code in DIR first on PYTHONPATH (the
 before of a before/after, in the same run), e.g. the TUI before issue 16:
@@ -265,11 +266,14 @@ def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    global CRU
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
     parser.add_argument("--repeat", type=int, default=3, help="floods (and start-ups) per mode")
+    parser.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
     parser.add_argument("--baseline-src", type=Path, help="a tree of crucible/, acp_host/, mcp_bridge/ to compare with")
     args = parser.parse_args()
+    CRU = args.cru
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
         tmp = Path(d)
         kiln = tmp / "kiln"

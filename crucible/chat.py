@@ -24,6 +24,8 @@ from crucible.sessions import (
     BridgeHost,
     SessionOptions,
     approve_all_asker,
+    decline_elicitor,
+    defaults_elicitor,
     deny_all_asker,
     deny_asker,
     open_session,
@@ -72,8 +74,10 @@ def build_options(args: argparse.Namespace) -> SessionOptions:
     else:
         asker = deny_asker
     record = Path(args.record) if getattr(args, "record", None) else None
+    # An upstream MCP server's question (elicitation) in -p: declined, or its defaults with --approve-all.
+    elicitor = defaults_elicitor if getattr(args, "approve_all", False) else decline_elicitor
     return SessionOptions(agent=spec, kiln=kiln, cwd=cwd, config=config, card=card, asker=asker, record=record,
-                          resume=getattr(args, "resume", None))
+                          resume=getattr(args, "resume", None), elicitor=elicitor)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

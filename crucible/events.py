@@ -10,9 +10,11 @@ A renderer is one class: subclass `Renderer` and define the handlers of the even
 draws (`message`, `tool_call`, `turn_ended`, …, the names in `HANDLERS`); `render(batch)`
 calls them by the event's type. A renderer that does better with a whole batch (one write for
 a run of chunks) overrides `render`. Renderers: the transcript recorder (here), the headless
-text and JSON printers (crucible/renderers.py), the TUI's transcript feed and a delegated
-child's section in it (crucible/tui), a delegation job's view of its child (crucible/delegation.py),
-and `cru acp`'s replay of a saved conversation to the editor (crucible/acp_forward.py).
+text and JSON printers and `cru acp`'s replay of a saved conversation to the editor
+(crucible/renderers.py), the TUI's transcript feed and a delegated child's section in it
+(crucible/tui/feed.py, children.py), a delegation job's view of its child (crucible/delegation.py).
+`cru acp` forwards the backend's frames to the editor before they are parsed
+(crucible/acp_forward.py); their typed events come through here into the transcript.
 
 The saved history goes the other way: `saved_events` turns a transcript's records back into
 events, which the same renderers draw.

@@ -1,5 +1,6 @@
 """Session events as the output of `cru chat -p`: text (`TextPrinter`) or one JSON object per
-event (`JsonPrinter`), with the `[child …]` lines of delegated children (`ChildLines`).
+event (`JsonPrinter`), with the `[child …]` lines of delegated children (`ChildLines`); and a
+saved conversation as the updates `cru acp` replays to an editor (`EditorReplay`).
 
 Both printers write a batch at once: a run of message chunks is one write and one flush, so a
 flood of chunks costs a write per batch read from the agent, not per chunk. Text on stdout is
@@ -217,3 +218,25 @@ def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
     `on_child_event` hook)."""
     printer = printer_for(fmt, out, err)
     return printer.show
+
+
+class EditorReplay(Renderer):
+    """A saved conversation as the `session/update` chunks an editor shows (`updates`)."""
+
+    def __init__(self, editor_id: str) -> None:
+        self.editor_id = editor_id
+        self.updates: list[dict[str, Any]] = []
+
+    def _chunk(self, kind: str, text: str) -> None:
+        if text:
+            self.updates.append({"sessionId": self.editor_id, "update": {
+                "sessionUpdate": kind, "content": {"type": "text", "text": text}}})
+
+    def message(self, event: MessageChunk) -> None:
+        self._chunk("agent_message_chunk", event.text)
+
+    def thought(self, event: ThoughtChunk) -> None:
+        self._chunk("agent_thought_chunk", event.text)
+
+    def user_message(self, event: UserChunk) -> None:
+        self._chunk("user_message_chunk", event.text)

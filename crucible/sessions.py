@@ -22,8 +22,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from crucible.config import Config
     from crucible.delegation import Delegation
     from crucible.events import ChildEventHook
+    from crucible.plugins.host import PluginHost
+    from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
 
 # `open_session`'s shape, for the delegation that opens child sessions with it.
@@ -107,6 +110,46 @@ def deny_all_asker(reason: str = "--deny-all") -> Asker:
     return asker
 
 
+@dataclass(frozen=True)
+class ElicitationAsk:
+    """An upstream MCP server asks the person something during a tool call (elicitation/create)."""
+
+    label: str  # the session's provenance, e.g. "claude › reviewer"
+    server: str  # the upstream MCP server's name
+    message: str
+    schema: dict[str, Any] | None  # form mode: the fields wanted (JSON schema, flat object)
+    url: str | None = None  # url mode: where the person should go
+
+
+@dataclass(frozen=True)
+class ElicitAnswer:
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+    note: str = ""  # why, for the transcript
+
+
+# The person (TUI dialog, the editor) answers an elicitation; `-p` declines unless --approve-all.
+Elicitor = Callable[[ElicitationAsk], Awaitable[ElicitAnswer]]
+
+
+async def decline_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    return ElicitAnswer("decline", note="nobody to ask (no --approve-all)")
+
+
+async def defaults_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    """`--approve-all`: accept with the defaults the server offered; decline when a required
+    field has none (there is nothing honest to answer)."""
+    if ask.url is not None:
+        return ElicitAnswer("decline", note="--approve-all does not open links")
+    schema = ask.schema or {}
+    props = schema.get("properties") or {}
+    content = {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+    missing = [k for k in schema.get("required") or [] if k not in content]
+    if missing:
+        return ElicitAnswer("decline", note=f"--approve-all: no default for {', '.join(missing)}")
+    return ElicitAnswer("accept", content, note="--approve-all: the server's defaults")
+
+
 @dataclass
 class SessionOptions:
     agent: AgentSpec
@@ -124,8 +167,11 @@ class SessionOptions:
     parent_policy: PermissionPolicy | None = None
     parent_id: str | None = None
     resume: str | None = None  # a saved Crucible session id
-    # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
-    on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    # Every session/update from the agent before it is parsed, params and raw frame (`cru acp`
+    # forwards them; see `acp_host.client.AcpClient.on_update`).
+    on_update: Callable[[dict[str, Any], bytes | None], Awaitable[None]] | None = None
+    # Who answers an upstream MCP server's elicitation/create (declined by default).
+    elicitor: Elicitor = decline_elicitor
 
     def for_child(self, agent: AgentSpec, card: Card | None, parent_policy: PermissionPolicy,
                   parent_id: str) -> SessionOptions:
@@ -133,6 +179,7 @@ class SessionOptions:
         timeouts; its own agent and card; its policy bounded by the parent's."""
         return SessionOptions(
             agent=agent, kiln=self.kiln, cwd=self.cwd, config=self.config, card=card, asker=self.asker,
+            elicitor=self.elicitor,
             store=self.store, inactivity_timeout=self.inactivity_timeout, init_timeout=self.init_timeout,
             parent_policy=parent_policy, parent_id=parent_id,
         )
@@ -152,6 +199,8 @@ class BridgeHost:
         self._backends: dict[Path, Any] = {}
         self._bridges: dict[Path, set[BridgeServer]] = {}
         self._nursery: trio.Nursery | None = None
+        self.gateway: Gateway | None = None
+        self.plugins: PluginHost | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
@@ -177,6 +226,36 @@ class BridgeHost:
             if self._nursery is not None:
                 self._nursery.start_soon(self._watch, key, backend)
         return self._backends[key]
+
+    async def gateway_for(self, config: Config) -> Gateway:
+        """The process's one gateway to the upstream MCP servers, shared by every session (its
+        upstreams start on a bridge's first tools/list)."""
+        if self.gateway is None:
+            from crucible.mcp_gateway import (
+                build_gateway,  # the gateway (the mcp SDK's clients) only when upstreams are configured
+            )
+
+            gateway = build_gateway(config)
+            assert self._nursery is not None, "BridgeHost must be running"
+            await self._nursery.start(self._run_gateway, gateway)
+            self.gateway = gateway
+        return self.gateway
+
+    async def plugins_for(self, config: Config) -> PluginHost:
+        """The process's Lua plugins, loaded once (in a worker thread) and shared by every session."""
+        if self.plugins is None:
+            from crucible.plugins.host import (
+                load_all,  # Lua plugins load when the first bridge is built, not before the agent spawns
+            )
+
+            self.plugins = await trio.to_thread.run_sync(load_all, config)
+        return self.plugins
+
+    @staticmethod
+    async def _run_gateway(gateway: Gateway, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with gateway.running():
+            task_status.started()
+            await trio.sleep_forever()
 
     async def _watch(self, key: Path, backend: Any) -> None:
         async def changed(paths: list[str]) -> None:
@@ -225,6 +304,37 @@ class CrucibleSession:
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
+        # What `aclose` ends, set by `open_session` as each comes up.
+        self.nursery: trio.Nursery | None = None  # the agent's connection's tasks
+        self.unmount: Callable[[], None] | None = None  # the bridge's mount on the host
+        self.closed = False
+
+    async def aclose(self) -> None:
+        """The one way a session ends, whatever ended it (its block, an error, a cancel, the
+        agent dying, the editor closing it): its children are cancelled; the bridge is unmounted
+        first (node agents keep running while an MCP stream is open, and exit on stdin EOF only
+        once it is gone, which saves the 2 s SIGTERM grace); then the agent (its ACP sessions
+        and their terminals, the connection, its process group), the connection's tasks, and
+        the transcript. Shielded, so a cancelled caller still closes everything; bounded, as
+        each step is (the agent's exit grace, then SIGTERM and SIGKILL of its group): an error
+        from it means "closed without grace", never "still open". A second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.delegation is not None:
+                self.delegation.cancel_all("the session closed")
+            if self.unmount is not None:
+                self.unmount()
+            if self.bridge is not None:
+                self.bridge.close()  # detach from the process's upstream MCP servers
+            if self.client is not None:
+                with trio.CancelScope(shield=True):
+                    await self.client.aclose()
+        finally:
+            if self.nursery is not None:
+                self.nursery.cancel_scope.cancel()
+            self.writer.close()
 
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
@@ -232,6 +342,8 @@ class CrucibleSession:
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
+        if key.bridge:  # an upstream or plugin tool's read-only hint, as the bridge knows it
+            key = ToolKey(key.name, bridge=True, read_only=self.bridge_read_only(key.name), summary=key.summary)
         decided = self.policy.decide(key)
         if decided.rule == "allow":
             decision = decision_of("allow_once", decided.reason)
@@ -253,15 +365,34 @@ class CrucibleSession:
         self.warnings.append(message)
         self.writer.append({"type": "warning", "message": message})
 
+    def bridge_read_only(self, tool: str) -> bool:
+        """Kiln tools by name; upstream and plugin tools as the bridge knows them."""
+        known = self.bridge.tool_read_only(tool) if self.bridge is not None else None
+        return known if known is not None else tool in READ_ONLY_BRIDGE_TOOLS
+
     def bridge_policy(self, tool: str) -> str:
-        return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
+        return self.policy.decide(ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool))).rule
+
+    async def elicit_upstream(self, server: str, params: Any) -> Any:
+        """An upstream MCP server asks the person (elicitation/create) during a tool call."""
+        import mcp_types  # the MCP types with the bridge, after the agent is spawned
+
+        url = getattr(params, "url", None)
+        ask = ElicitationAsk(self.label, server, str(params.message)[:2000],
+                             getattr(params, "requested_schema", None), url)
+        answer = await self.opts.elicitor(ask)
+        self.writer.append({"type": "elicitation", "server": server, "action": answer.action,
+                            "reason": answer.note})
+        if self.on_notice is not None:
+            self.on_notice(f"[elicitation] {server}: {answer.action}" + (f" ({answer.note})" if answer.note else ""))
+        return mcp_types.ElicitResult(action=answer.action, content=answer.content if answer.action == "accept" else None)
 
     async def bridge_ask(self, tool: str, arguments: dict[str, Any]) -> bool:
         """The bridge asks for an `ask` tool the agent called without asking us first."""
         if self._preapproved.get(tool, 0) > 0:
             self._preapproved[tool] -= 1
             return True
-        key = ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS, summary=_args_summary(arguments))
+        key = ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool), summary=_args_summary(arguments))
         decision = await self.opts.asker(PermissionAsk(self.label, key, tool, None, arguments))
         if decision.kind == "allow_always":
             self.policy.remember(tool, "allow")
@@ -410,6 +541,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     from acp_host.client import connect_agent
     from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
+    from mcp_bridge.gateway import file_root
     from mcp_bridge.server import BridgeServer, new_token
 
     assert host.app is not None, "BridgeHost must be running"
@@ -432,14 +564,18 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
                           ask=session.bridge_ask, observer=session.on_bridge_event,
-                          extra={"session": session})
+                          extra={"session": session}, gateway=await host.gateway_for(opts.config),
+                          tool_sources=[await host.plugins_for(opts.config)],
+                          elicit=session.elicit_upstream, roots=[file_root(str(opts.kiln)), file_root(str(opts.cwd))])
     session.bridge = bridge
     delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
     base = f"/s/{session.id}"
-    await host.mount(opts.kiln, bridge, token, base)
-    try:
-        async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
+        session.nursery = nursery
+        try:
+            await host.mount(opts.kiln, bridge, token, base)
+            session.unmount = partial(host.unmount, opts.kiln, bridge, base)
             try:
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
@@ -450,35 +586,26 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 raise explain_start_failure(opts.agent, exc) from None
             session.client = client
             client.on_update = opts.on_update
-            try:
-                entry = _bridge_entry(client, host.url(base), token)
-                session.bridge_transport = "http" if "url" in entry else "stdio"
-                card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
-                servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
-                acp = await _start_acp_session(session, client, servers)
-                session.acp = acp
-                writer.meta.agent_session_id = acp.session_id
-                writer.save_meta()
-                await _apply_card_settings(session, acp)
-                with trio.move_on_after(BRIDGE_GRACE):
-                    await session.bridge_listed.wait()
-                if not session.bridge_listed.is_set():
-                    session.warn(f"the agent never listed the kiln tools on the crucible bridge "
-                                 f"({session.bridge_transport}); it will run without them")
-                async with delegation.running():
-                    yield session
-            except JsonRpcError as exc:
-                raise explain_start_failure(opts.agent, exc) from None
-            finally:
-                # Close the bridge first: node agents keep running while an MCP stream is open,
-                # and exit on stdin EOF only once it is gone (saves the 2 s SIGTERM grace).
-                host.unmount(opts.kiln, bridge, base)
-                with trio.CancelScope(shield=True):
-                    await client.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        host.unmount(opts.kiln, bridge, base)
-        writer.close()
+            entry = _bridge_entry(client, host.url(base), token)
+            session.bridge_transport = "http" if "url" in entry else "stdio"
+            card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
+            servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
+            acp = await _start_acp_session(session, client, servers)
+            session.acp = acp
+            writer.meta.agent_session_id = acp.session_id
+            writer.save_meta()
+            await _apply_card_settings(session, acp)
+            with trio.move_on_after(BRIDGE_GRACE):
+                await session.bridge_listed.wait()
+            if not session.bridge_listed.is_set():
+                session.warn(f"the agent never listed the kiln tools on the crucible bridge "
+                             f"({session.bridge_transport}); it will run without them")
+            async with delegation.running():
+                yield session
+        except JsonRpcError as exc:
+            raise explain_start_failure(opts.agent, exc) from None
+        finally:
+            await session.aclose()  # every way out: the block's end, an error, a cancel
 
 
 def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],

@@ -51,6 +51,7 @@ from crucible.tui.agent import AgentLoop
 from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
 from crucible.tui.commands import Commands
+from crucible.tui.elicitation import ElicitationQueue
 from crucible.tui.feed import ChatFeed, ToolEntry
 from crucible.tui.input import ChatInput
 from crucible.tui.permissions import (
@@ -75,7 +76,9 @@ class ChatUI:
     def __init__(self, opts: SessionOptions, history: History | None = None) -> None:
         self.queue = PermissionQueue(self.permissions_changed)
         self.queue.kiln, self.queue.cwd = opts.kiln, opts.cwd
-        self.opts = replace(opts, asker=self.queue)  # the caller's options stay as they were
+        self.questions = ElicitationQueue(self.refresh_now)  # upstream MCP servers' questions
+        # the caller's options stay as they were
+        self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
         self.prompts = PromptQueue(self.refresh_now)
         self.question: Question | None = None  # the chat's own question in the dialog
         self.focused: ToolEntry | None = None  # the tool call Ctrl-E expands (Alt-↑/↓ moves)
@@ -104,13 +107,15 @@ class ChatUI:
         self.pacer = Pacer(self.app)
 
     def _layout(self) -> Layout:
-        status, queue, buffer, prompts = self.status, self.queue, self.input.buffer, self.prompts
+        status, queue, questions, buffer, prompts = self.status, self.queue, self.questions, self.input.buffer, \
+            self.prompts
         # The dialog takes the keys while it asks (focused: keys that do not answer it go nowhere,
-        # none reaches the input box); the input box has them back when it goes.
+        # none reaches the input box); the input box has them back when it goes. An upstream
+        # server's question is answered in the input box: the dialog shows it without the focus.
         self.dialog_window = Window(
-            FormattedTextControl(lambda: dialog_text(queue, self.question), focusable=True, show_cursor=False,
-                                 key_bindings=self.input.dialog_key_bindings()),
-            height=lambda: dialog_height(queue, self.question), style="class:dialog", wrap_lines=False)
+            FormattedTextControl(lambda: dialog_text(queue, self.question, questions), focusable=True,
+                                 show_cursor=False, key_bindings=self.input.dialog_key_bindings()),
+            height=lambda: dialog_height(queue, self.question, questions), style="class:dialog", wrap_lines=False)
         self.input_window = Window(BufferControl(buffer), wrap_lines=True,
                                    height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
                                    get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  ")
@@ -118,7 +123,8 @@ class ChatUI:
             Window(self.transcript, wrap_lines=False),
             ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(self.dialog_window, filter=Condition(lambda: self.dialog_up)),
+            ConditionalContainer(self.dialog_window,
+                                 filter=Condition(lambda: self.dialog_up or questions.current is not None)),
             ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
                                         height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
                                  filter=Condition(lambda: bool(prompts.items))),
@@ -132,14 +138,15 @@ class ChatUI:
 
     def _status_text(self) -> StyleAndTextTuples:
         acp = self.session.acp if self.session is not None else None
-        return self.status.text(acp, waiting=self.dialog_up)
+        return self.status.text(acp, waiting=self.dialog_up or self.questions.current is not None)
 
     def _columns(self) -> int:
         return self.app.output.get_size().columns
 
     @property
     def dialog_up(self) -> bool:
-        """The dialog asks something: keys answer it, none reaches the input box."""
+        """The dialog asks something the keys answer (a permission, or the chat's own question):
+        none reaches the input box."""
         return self.queue.current is not None or self.question is not None
 
     # -- drawing ---------------------------------------------------------------------------

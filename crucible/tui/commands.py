@@ -11,6 +11,7 @@ import trio
 
 from crucible.terminal import sanitize
 from crucible.tui.permissions import Question
+from crucible.tui.transcript import TextEntry
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
@@ -21,6 +22,7 @@ OWN_COMMANDS: dict[str, str] = {
     "cancel": "cancel the running turn (Ctrl-C)",
     "sessions": "list saved sessions",
     "card": "show the agent card of this session",
+    "mcp": "the upstream MCP servers: up or down, their tools, the last error",
     "usage": "tokens and cost, this turn and this session",
     "children": "expand/collapse the delegated child sessions (/children open|close)",
     "mode": "list the agent's modes, or /mode ID to switch (Shift-Tab cycles)",
@@ -139,6 +141,17 @@ class Commands:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.updated))
             lines.append(f"  {meta.id}  {when}  {meta.agent}  {sanitize(meta.title or '')[:40]}")
         self.ui.notice("\n".join(lines))
+
+    async def do_mcp(self, args: str) -> None:
+        """/mcp: the upstream MCP servers of this process (the gateway) and how each is."""
+        from crucible.mcp_gateway import status_lines  # only /mcp reads the gateway's state
+
+        session = self.ui.session
+        gateway = session.bridge.gateway if session is not None and session.bridge is not None else None
+        if gateway is None:
+            self.ui.notice("no MCP servers configured: add [[mcp.servers]] to the config (see the README)")
+            return
+        self.ui.notice("\n".join(["MCP servers:"] + [sanitize(line) for line in status_lines(gateway.status())]))
 
     async def do_children(self, args: str) -> None:
         sections = self.ui.children.all()
@@ -282,8 +295,6 @@ class Commands:
 
     async def do_copy(self, args: str) -> None:
         """The last answer (or the Nth last; `code`: a code block) to the clipboard."""
-        from crucible.tui.transcript import TextEntry
-
         ui = self.ui
         words = args.split()
         code = bool(words) and words[0] == "code"

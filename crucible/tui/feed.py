@@ -23,7 +23,7 @@ from acp_host.session import (
     TurnEnded,
     UserChunk,
 )
-from crucible.events import ChildEvent, Notice, Renderer, permission_decision
+from crucible.events import ChildEvent, Notice, Renderer, joined_chunks, permission_decision
 from crucible.terminal import sanitize
 from crucible.tui.kiln_calls import (
     SEARCH_TOOLS,
@@ -281,6 +281,10 @@ class Feed(Renderer):
         return entry
 
     # -- events -------------------------------------------------------------------------
+    def render(self, events: Sequence[Any]) -> None:
+        # A run of chunks of one message is one append: the same text, a fraction of the work.
+        super().render(joined_chunks(events) if len(events) > 1 else events)
+
     def message(self, event: MessageChunk) -> None:
         self.text("agent", event.text)
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import trio
 from prompt_toolkit.buffer import Buffer
@@ -66,8 +67,6 @@ def pasted_images(text: str) -> list[str]:
 def image_path(name: str, cwd: Path) -> Path:
     """An image named in a prompt: `~` expanded, file:// dropped, relative to the session's folder."""
     if name.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
         name = unquote(urlparse(name).path)
     path = Path(name).expanduser()
     return path if path.is_absolute() else cwd / path
@@ -150,8 +149,22 @@ class ChatInput:
         ui, buffer = self.ui, self.buffer
         kb = KeyBindings()
         dialog = Condition(lambda: ui.dialog_up)
+        # An upstream MCP server's question (nothing else asked before it): typed, then Enter.
+        question = Condition(lambda: not ui.dialog_up and ui.questions.current is not None)
 
-        @kb.add("enter", filter=~dialog)
+        @kb.add("enter", filter=question)
+        def _answer_question(event: KeyPressEvent) -> None:
+            problem = ui.questions.answer(buffer.text)
+            if problem is not None:
+                ui.say_flash(problem)
+            else:
+                buffer.reset()
+
+        @kb.add("escape", filter=question, eager=True)
+        def _decline_question(event: KeyPressEvent) -> None:
+            ui.questions.decline()
+
+        @kb.add("enter", filter=~dialog & ~question)
         def _submit(event: KeyPressEvent) -> None:
             state = buffer.complete_state
             if state is not None and state.current_completion is not None:
@@ -242,7 +255,7 @@ class ChatInput:
         if not ui.prompts.put(Queued(text, steer=steer), first=steer):
             ui.error("too many prompts are queued; wait for the turn to end, or /queue drop some")
             return
-        if not ui.agent_alive and ui.status.state != "starting agent":
+        if not ui.agent_alive and ui.status.state not in ("starting", "starting agent"):  # else: sent when it is up
             ui.notice("the agent is not running: the prompt waits in the queue; /restart starts the agent "
                       "and sends it (/queue drop all drops it)")
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from acp_host.session import ToolCall
+from crucible.errors import CrucibleError
+from crucible.kiln.paths import resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
 
 SEARCH_TOOLS = frozenset({"semantic_search", "text_search", "property_search"})
@@ -162,9 +164,8 @@ def proposed_write(kiln: Path, bridge: BridgeCall) -> ProposedWrite | None:
     """What create_note / update_note would make of the note, read from the kiln now (blocking:
     run it in a thread, before the write). None when it cannot be worked out (no path, a note
     too big, broken frontmatter: the call's arguments are shown instead)."""
-    from crucible.errors import CrucibleError
+    # ruamel.yaml, only when a note write shows up (the chat starts without it)
     from crucible.kiln.notes import merge_frontmatter, replace_body
-    from crucible.kiln.paths import resolve_in_kiln
 
     args = bridge.args
     path = args.get("path")

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from prompt_toolkit.styles.pygments import pygments_token_to_classname, style_from_pygments_cls
 from prompt_toolkit.utils import get_cwidth
+from pygments.styles import get_style_by_name
 
 Fragment = tuple[str, str]
 Fragments = list[Fragment]
@@ -101,7 +103,8 @@ def _lexer(lang: str) -> Any:
     """The pygments lexer for a fence's language, or None (unknown, or none given)."""
     if not lang:
         return None
-    from pygments.lexers import get_lexer_by_name  # only once code with a language shows up
+    # pygments' lexers, only once code with a language shows up
+    from pygments.lexers import get_lexer_by_name
     from pygments.util import ClassNotFound
 
     try:
@@ -117,8 +120,6 @@ def code_line(line: str, lang: str, base: str = "") -> Fragments:
     lexer = _lexer(lang)
     if lexer is None or not line or len(line) > _CODE_LINE_LIMIT:
         return [(style, line)]
-    from prompt_toolkit.styles.pygments import pygments_token_to_classname
-
     out: Fragments = []
     for token, text in lexer.get_tokens(line):
         if text:
@@ -129,9 +130,6 @@ def code_line(line: str, lang: str, base: str = "") -> Fragments:
 def code_style_rules() -> list[tuple[str, str]]:
     """Colours for highlighted code: a pygments style's, without backgrounds (the chat's own
     background stays) and without its default colour (md.code's is used)."""
-    from prompt_toolkit.styles.pygments import style_from_pygments_cls
-    from pygments.styles import get_style_by_name
-
     rules = []
     for name, value in style_from_pygments_cls(get_style_by_name("monokai")).style_rules:
         if name == "pygments":

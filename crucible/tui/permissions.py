@@ -4,8 +4,10 @@ Every question (an ACP permission request or a bridge-side ask) waits in one FIF
 the dialog shows the first one: a note write (create_note, update_note) as a diff against the
 note, other calls' arguments as `key: value` lines, and the keys on one row that fits the
 width. The same place shows the chat's own questions (`Question`: keep or drop the queue after
-Ctrl-C, a mode that bypasses permissions). While it is up, keys that are not answers do
-nothing (they never reach the input box). A question leaves the queue exactly once: answered by a
+Ctrl-C, a mode that bypasses permissions), and, when nothing else asks, an upstream MCP
+server's question (elicitation.py; typed in the input box). While a permission or the chat's
+own question is up, keys that are not answers do nothing (they never reach the input box). A
+question leaves the queue exactly once: answered by a
 key, or withdrawn when its asker is cancelled (the turn was cancelled or ended), so none is
 lost or answered twice. "Always" answers are remembered by the session's policy (the
 session does it); `s` / `x` also save a rule to the config file's `[permissions]`.
@@ -17,10 +19,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomlkit
 import trio
+from prompt_toolkit.application.current import get_app
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.dimension import Dimension
 from tomlkit.exceptions import TOMLKitError
@@ -39,6 +42,9 @@ from crucible.tui.kiln_calls import (
     proposed_write,
 )
 from crucible.tui.markdown import Fragments, wrap
+
+if TYPE_CHECKING:
+    from crucible.tui.elicitation import ElicitationQueue
 
 # key -> (decision, save a rule to the config, label)
 KEYS: dict[str, tuple[DecisionKind, bool, str]] = {
@@ -183,14 +189,16 @@ def key_rows(choices: list[tuple[str, str, str]], width: int, extra: str = "") -
     return rows
 
 
-def dialog_lines(queue: PermissionQueue, question: Question | None = None, width: int = 80,
-                 max_rows: int = 10) -> list[Fragments]:
+def dialog_lines(queue: PermissionQueue, question: Question | None = None,
+                 questions: ElicitationQueue | None = None, width: int = 80, max_rows: int = 10) -> list[Fragments]:
     """The first permission question (who wants to run what: its diff or its arguments, then the
-    keys), else the chat's own question; at most `max_rows` rows of `width`."""
+    keys), else the chat's own question, else an upstream server's question; at most `max_rows`
+    rows of `width`."""
     pending = queue.current
     if pending is None:
         if question is None:
-            return []
+            elicitation = questions.dialog_lines() if questions is not None else []
+            return _fit(elicitation[:1], elicitation[1:-1], elicitation[-1:], width, max_rows) if elicitation else []
         choices = [(key, label, label) for key, (label, _) in question.choices.items()]
         body = [[("class:tool.output", "  " + sanitize(line))] for line in question.details]
         return _fit([[("class:dialog.title", sanitize(question.title))]], body, key_rows(choices, width), width,
@@ -242,25 +250,25 @@ def _fit(head: list[Fragments], details: list[Fragments], keys: list[Fragments],
 
 
 def _screen() -> tuple[int, int]:
-    from prompt_toolkit.application.current import get_app
-
     size = get_app().output.get_size()
     return size.columns, size.rows
 
 
-def dialog_text(queue: PermissionQueue, question: Question | None = None) -> StyleAndTextTuples:
+def dialog_text(queue: PermissionQueue, question: Question | None = None,
+                questions: ElicitationQueue | None = None) -> StyleAndTextTuples:
     columns, rows = _screen()
     out: StyleAndTextTuples = []
-    for i, line in enumerate(dialog_lines(queue, question, columns, max(6, rows // 2))):
+    for i, line in enumerate(dialog_lines(queue, question, questions, columns, max(6, rows // 2))):
         if i:
             out.append(("", "\n"))
         out.extend(line)
     return out
 
 
-def dialog_height(queue: PermissionQueue, question: Question | None = None) -> Dimension:
+def dialog_height(queue: PermissionQueue, question: Question | None = None,
+                  questions: ElicitationQueue | None = None) -> Dimension:
     columns, rows = _screen()
-    return Dimension.exact(len(dialog_lines(queue, question, columns, max(6, rows // 2))))
+    return Dimension.exact(len(dialog_lines(queue, question, questions, columns, max(6, rows // 2))))
 
 
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:
