@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pexpect
 import pyte
@@ -136,6 +136,13 @@ def tui_ready(tmp: Path, env: dict[str, str], kiln: Path) -> float:
     return ready
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far (Linux /proc): a figure that holds
+    on a loaded machine, where wall times swing with the other processes."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Tui:
     def __init__(self, tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> None:
         script = tmp / "tui.json"
@@ -180,8 +187,9 @@ class Tui:
             self.pump(0.001)
         return out
 
-    def flood(self, i: int) -> tuple[float, list[float]]:
-        """One flooded turn: its time on screen and the keystroke latencies during it."""
+    def flood(self, i: int) -> tuple[float, list[float], float]:
+        """One flooded turn: its time on screen, the keystroke latencies during it, and the CPU
+        time cru used from the prompt to the turn's end on screen."""
         self.child.send("\x15go")
         while "go" not in self.input_line():
             self.pump()
@@ -189,6 +197,7 @@ class Tui:
         while self.watch.count() < i + 1:
             self.pump(0.001)
         start = time.perf_counter()
+        cpu_start = cpu_seconds(self.child.pid)
         latencies: list[float] = []
         typed = 0
         done = None
@@ -212,7 +221,7 @@ class Tui:
         deadline = time.monotonic() + 30
         while "ready" not in self.screen.display[ROWS - 1] and time.monotonic() < deadline:
             self.pump(0.01)
-        return done - start, latencies
+        return done - start, latencies, cpu_seconds(self.child.pid) - cpu_start
 
     def close(self) -> None:
         self.child.send("\x15\x04")
@@ -225,6 +234,54 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+def render_cpu(n: int, batch: int = 250) -> float:
+    """In this process: N one-character chunks drawn by the chat's feed in batches, a frame
+    rendered after each batch (prompt-toolkit's renderer, 80×24, into /dev/null), a turn
+    running (spinner and elapsed time shown). CPU seconds: the TUI's own cost, without the
+    agent, the pty or the other processes of a loaded machine."""
+    # In the child process only: the code base measured is the one its PYTHONPATH picks.
+    import asyncio
+
+    from prompt_toolkit.application.current import set_app
+    from prompt_toolkit.data_structures import Size
+    from prompt_toolkit.output.vt100 import Vt100_Output
+
+    from acp_host.registry import AgentSpec
+    from acp_host.session import MessageChunk
+    from crucible.config import Config
+    from crucible.sessions import SessionOptions
+    from crucible.tui.app import ChatUI
+
+    async def run(sink: IO[str]) -> float:  # the chat's parts want an asyncio loop (the pacer)
+        here = Path(tempfile.gettempdir())
+        ui = ChatUI(SessionOptions(agent=AgentSpec("agent", "agent", []), kiln=here, cwd=here, config=Config()))
+        ui.app.output = ui.app.renderer.output = Vt100_Output(sink, lambda: Size(ROWS, COLS), term="xterm-256color")
+        ui.status.turn_started()
+        block = {"type": "text", "text": "x"}
+        events = [MessageChunk("x", block, None) for _ in range(batch)]
+        start = time.process_time()
+        with set_app(ui.app):
+            for _ in range(n // batch):
+                ui.feed.render(events)
+                ui.app.renderer.render(ui.app, ui.app.layout)
+        return time.process_time() - start
+
+    with open(os.devnull, "w") as sink:
+        return asyncio.run(run(sink))
+
+
+def render_cpus(env: dict[str, str], n: int, repeat: int) -> list[float]:
+    """`render_cpu` in a fresh interpreter with `env` (its PYTHONPATH picks the code base)."""
+    out = []
+    for _ in range(repeat):
+        res = subprocess.run([sys.executable, __file__, "--render-cpu", str(n)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"the render measurement failed:\n{res.stderr[-2000:]}")
+        out.append(float(res.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def measure(tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> dict[str, Any]:
     """Every figure of one code base, in order: start-up, headless floods, TUI floods and keys."""
     firsts = [headless_first_event(tmp, env, kiln) for _ in range(repeat)]
@@ -233,16 +290,19 @@ def measure(tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> 
     tui = Tui(tmp, env, kiln, n, repeat)
     tui.wait_for("ready")
     floods: list[float] = []
+    cpus: list[float] = []
     keys: list[float] = []
     idle = tui.idle_keys()
     try:
         for i in range(repeat):
-            seconds, lat = tui.flood(i)
+            seconds, lat, cpu = tui.flood(i)
             floods.append(seconds)
+            cpus.append(cpu)
             keys.extend(lat)
     finally:
         tui.close()
-    return {"first": firsts, "ready": readies, "heads": heads, "floods": floods, "idle": idle, "keys": keys}
+    return {"first": firsts, "ready": readies, "heads": heads, "floods": floods, "cpu": cpus, "idle": idle,
+            "keys": keys, "render": render_cpus(env, n, repeat)}
 
 
 def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
@@ -258,6 +318,9 @@ def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
     print(f"  headless cru chat -p : {head:.3f} s   ({', '.join(f'{h:.3f}' for h in r['heads'])})")
     print(f"  tui (pty, 80x24)     : {tui_s:.3f} s   ({', '.join(f'{f:.3f}' for f in r['floods'])})")
     print(f"  ratio tui/headless   : {tui_s / head:.2f}x   (goal <= 1.5x)")
+    print(f"  tui CPU per flood    : {med(r['cpu']):.3f} s   ({', '.join(f'{c:.3f}' for c in r['cpu'])})")
+    print(f"  render only, in-process CPU ({n // 250} frames): {med(r['render']):.3f} s   "
+          f"({', '.join(f'{c:.3f}' for c in r['render'])})")
     ms = [k * 1000 for k in r["idle"]]
     print(f"keystroke to screen, idle ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
     ms = [k * 1000 for k in r["keys"]]
@@ -267,6 +330,9 @@ def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
 
 def main() -> int:
     global CRU
+    if sys.argv[1:2] == ["--render-cpu"]:  # the child of render_cpus
+        print(f"{render_cpu(int(sys.argv[2])):.4f}")
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
     parser.add_argument("--repeat", type=int, default=3, help="floods (and start-ups) per mode")
@@ -293,6 +359,8 @@ def main() -> int:
         med = statistics.median
         print("== this tree / baseline (same run)")
         print(f"  tui flood time     : {med(now['floods']) / med(before['floods']):.2f}x")
+        print(f"  tui CPU per flood  : {med(now['cpu']) / med(before['cpu']):.2f}x")
+        print(f"  render-only CPU    : {med(now['render']) / med(before['render']):.2f}x")
         print(f"  tui/headless ratio : {(med(now['floods']) / med(now['heads'])) / (med(before['floods']) / med(before['heads'])):.2f}x")
         print(f"  start-up (ready)   : {med(now['ready']) / med(before['ready']):.2f}x")
         now_ms, before_ms = [k * 1000 for k in now["keys"]], [k * 1000 for k in before["keys"]]

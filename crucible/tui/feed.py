@@ -219,7 +219,7 @@ class ToolEntry(BlockEntry):
 
     def update(self, call: Any) -> None:
         self.call = call
-        if self.args is None:
+        if not self.args:  # (Claude's first update of a call has empty arguments)
             self.args = call_arguments(call)
         self.redraw()
 
