@@ -270,15 +270,17 @@ def render_cpu(n: int, batch: int = 250) -> float:
         return asyncio.run(run(sink))
 
 
-def render_cpus(env: dict[str, str], n: int, repeat: int) -> list[float]:
-    """`render_cpu` in a fresh interpreter with `env` (its PYTHONPATH picks the code base)."""
-    out = []
+def render_cpus(envs: list[dict[str, str]], n: int, repeat: int) -> list[list[float]]:
+    """`render_cpu` in a fresh interpreter per run, for each env (its PYTHONPATH picks the code
+    base), the code bases taking turns so a change in the machine's load hits them alike."""
+    out: list[list[float]] = [[] for _ in envs]
     for _ in range(repeat):
-        res = subprocess.run([sys.executable, __file__, "--render-cpu", str(n)], env=env, capture_output=True,
-                             text=True, timeout=300)
-        if res.returncode != 0:
-            raise RuntimeError(f"the render measurement failed:\n{res.stderr[-2000:]}")
-        out.append(float(res.stdout.strip().splitlines()[-1]))
+        for env, figures in zip(envs, out, strict=True):
+            res = subprocess.run([sys.executable, __file__, "--render-cpu", str(n)], env=env, capture_output=True,
+                                 text=True, timeout=300)
+            if res.returncode != 0:
+                raise RuntimeError(f"the render measurement failed:\n{res.stderr[-2000:]}")
+            figures.append(float(res.stdout.strip().splitlines()[-1]))
     return out
 
 
@@ -302,7 +304,7 @@ def measure(tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> 
     finally:
         tui.close()
     return {"first": firsts, "ready": readies, "heads": heads, "floods": floods, "cpu": cpus, "idle": idle,
-            "keys": keys, "render": render_cpus(env, n, repeat)}
+            "keys": keys}
 
 
 def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
@@ -348,10 +350,12 @@ def main() -> int:
                    XDG_DATA_HOME=str(tmp / "data"))
         env.pop("NO_COLOR", None)
         env.pop("PYTHONPATH", None)
-        results = {"this tree": measure(tmp, env, kiln, args.n, args.repeat)}
+        envs = {"this tree": env}
         if args.baseline_src is not None:
-            base_env = dict(env, PYTHONPATH=str(args.baseline_src.resolve()))
-            results[f"baseline {args.baseline_src}"] = measure(tmp, base_env, kiln, args.n, args.repeat)
+            envs[f"baseline {args.baseline_src}"] = dict(env, PYTHONPATH=str(args.baseline_src.resolve()))
+        results = {name: measure(tmp, e, kiln, args.n, args.repeat) for name, e in envs.items()}
+        for name, figures in zip(envs, render_cpus(list(envs.values()), args.n, args.repeat), strict=True):
+            results[name]["render"] = figures
     for name, r in results.items():
         report(name, args.n, args.repeat, r)
     if len(results) == 2:

@@ -66,8 +66,11 @@ def bridge_call(call: ToolCall, known_args: dict[str, Any] | None = None) -> Bri
     return BridgeCall(key.name, call_arguments(call) or known_args or {})
 
 
+_MAX_JSON_CHARS = 2_000_000  # a bigger result is shown as text, not parsed at each redraw
+
+
 def _json(value: Any) -> Any:
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+    if isinstance(value, str) and len(value) <= _MAX_JSON_CHARS and value.lstrip()[:1] in ("{", "["):
         try:
             return json.loads(value)
         except ValueError:

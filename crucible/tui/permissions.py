@@ -95,6 +95,7 @@ class PermissionQueue:
     def __init__(self, on_change: Callable[[], None]) -> None:
         self.items: deque[Pending] = deque()
         self.on_change = on_change
+        self.view: tuple[Any, list[Fragments]] | None = None  # the dialog as last drawn, and for what
         self.kiln: Path | None = None  # where a note write's note is read, for its diff
         self.cwd: Path | None = None  # the agent's diffs' paths are shown relative to it
 
@@ -193,7 +194,19 @@ def dialog_lines(queue: PermissionQueue, question: Question | None = None,
                  questions: ElicitationQueue | None = None, width: int = 80, max_rows: int = 10) -> list[Fragments]:
     """The first permission question (who wants to run what: its diff or its arguments, then the
     keys), else the chat's own question, else an upstream server's question; at most `max_rows`
-    rows of `width`."""
+    rows of `width`. Made once per question and size: every frame draws it (and a diff of a big
+    note is not cheap)."""
+    key = (queue.current, len(queue.items), question, questions.current if questions is not None else None,
+           width, max_rows)
+    if queue.view is not None and queue.view[0] == key:
+        return queue.view[1]
+    lines = _dialog_lines(queue, question, questions, width, max_rows)
+    queue.view = (key, lines)
+    return lines
+
+
+def _dialog_lines(queue: PermissionQueue, question: Question | None, questions: ElicitationQueue | None,
+                  width: int, max_rows: int) -> list[Fragments]:
     pending = queue.current
     if pending is None:
         if question is None:
@@ -241,12 +254,19 @@ def _fit(head: list[Fragments], details: list[Fragments], keys: list[Fragments],
     """Head, details and keys as rows of `width`; the details cut to what fits in `max_rows`."""
     head_rows = [row for line in head for row in wrap(line, width)]
     room = max(1, max_rows - len(head_rows) - len(keys))
-    rows: list[Fragments] = []
-    for line in details:
-        rows.extend(wrap(line, width))
-    if len(rows) > room:
-        rows = rows[: room - 1] + [[("class:dim", f"  … {len(rows) - room + 1} more lines")]]
-    return head_rows + rows + keys
+    shown: list[list[Fragments]] = []  # the rows of each detail line that fits whole
+    used = 0
+    for line in details:  # (the lines that do not fit are counted, not wrapped)
+        wrapped = wrap(line, width)
+        if used + len(wrapped) > room:
+            break
+        shown.append(wrapped)
+        used += len(wrapped)
+    if len(shown) < len(details):
+        while shown and used > room - 1:  # a row for the count of what is left out
+            used -= len(shown.pop())
+        shown.append([[("class:dim", f"  … {len(details) - len(shown)} more lines")]])
+    return head_rows + [row for rows in shown for row in rows] + keys
 
 
 def _screen() -> tuple[int, int]:
