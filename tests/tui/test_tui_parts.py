@@ -5,6 +5,7 @@ queue, the status bar's spinner."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,23 @@ def test_the_status_bar_shows_a_spinner_and_the_time_while_a_turn_runs() -> None
     assert "running 3.6 s" in text and text.strip()[0] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
     bar.turn_stopped()
     assert "s │" not in bar.text(None, waiting=False)[0][1]
+
+
+def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None:
+    from crucible.permissions import ToolKey
+    from crucible.sessions import PermissionAsk
+    from crucible.tui.kiln_calls import ProposedWrite
+    from crucible.tui.permissions import Pending, PermissionQueue, dialog_lines
+
+    queue = PermissionQueue(lambda: None)
+    old = "".join(f"line {i}\n" for i in range(5000))
+    pending = Pending(PermissionAsk("claude", ToolKey("update_note", bridge=True, read_only=False), "update_note",
+                                    None, {"path": "big.md", "body": "x"}),
+                      write=ProposedWrite("big.md", old, old.replace("line", "LINE")))  # 10,000 diff lines
+    queue.items.append(pending)
+    rows = dialog_lines(queue, width=80, max_rows=12)
+    shown = texts(rows)
+    assert len(rows) <= 12 and shown[0].startswith("Permission: claude wants to run update_note big.md")
+    assert "-line 0" in "\n".join(shown)
+    assert any(re.match(r"\s+… \d+ more lines", row) for row in shown) and "reject once" in " ".join(shown[-2:])
+    assert dialog_lines(queue, width=80, max_rows=12) is rows  # the same frame size: not made again
