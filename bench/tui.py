@@ -1,18 +1,27 @@
-"""The terminal chat under a flood: keystroke latency and flood time vs headless `cru chat -p`.
+"""The terminal chat: start-up, keystroke latency and flood time vs headless `cru chat -p`.
 
 The scripted agent (fixtures/scripted_agent.py) answers each prompt with "FLOOD-START", N
 one-character `agent_message_chunk` updates (its `flood` step) and "FLOOD-END". Same agent,
 same N, same run:
 
+  start-up  `cru chat` in a pseudo-terminal: from the spawn to the status bar saying "ready"
+            (the input is ready), vs `cru chat -p hi --format json`: from the spawn to its first
+            event on stdout
   headless  `cru chat -p go`: time from the agent receiving session/prompt (its log) to
             FLOOD-END on cru's stdout (a pipe)
   tui       `cru chat` in a pseudo-terminal (80×24), its screen read with pyte: time from the
             agent receiving session/prompt to FLOOD-END on screen; meanwhile a key is typed, its
             echo in the input line awaited, then the next key: keystroke-to-screen latency
 
-    python bench/tui.py [--n 50000] [--repeat 3] [--cru PATH]   (PATH: another cru, e.g. an older checkout)
+    python bench/tui.py [--n 50000] [--repeat 3] [--cru PATH] [--baseline-src DIR]
+        (PATH: another cru, e.g. an older checkout's)
 
-Goals (issue 6): tui flood time <= 1.5x headless; keystroke p95 < 100 ms.
+`--baseline-src DIR` measures the same again with the code in DIR first on PYTHONPATH (the
+before of a before/after, in the same run), e.g. the TUI before issue 16:
+    git archive a68b3d4 crucible acp_host mcp_bridge | tar -x -C /tmp/tui-before
+
+Goals: tui flood time <= 1.5x headless (issue 6), no slower than before (issue 16); keystroke
+p95 during the flood < 50 ms (issue 16).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pexpect
 import pyte
@@ -86,6 +95,54 @@ def headless(tmp: Path, env: dict[str, str], kiln: Path, n: int) -> float:
     return end - start
 
 
+def headless_first_event(tmp: Path, env: dict[str, str], kiln: Path) -> float:
+    """`cru chat -p` from its spawn to its first event on stdout (JSON lines)."""
+    script = tmp / "echo.json"
+    script.write_text(json.dumps({}))
+    argv = [CRU, "chat", "--agent-command", f"{sys.executable} {SCRIPTED} {script}", "--kiln", str(kiln), "-p", "hi",
+            "--format", "json"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    first = time.perf_counter() - start
+    proc.wait(timeout=60)
+    if not line:
+        raise RuntimeError("cru chat -p printed no event")
+    return first
+
+
+def tui_ready(tmp: Path, env: dict[str, str], kiln: Path) -> float:
+    """`cru chat` from its spawn to the status bar saying "ready" (the input takes a prompt)."""
+    script = tmp / "echo.json"
+    script.write_text(json.dumps({}))
+    argv = [CRU, "chat", "--agent-command", f"{sys.executable} {SCRIPTED} {script}", "--kiln", str(kiln)]
+    screen = pyte.Screen(COLS, ROWS)
+    stream = pyte.ByteStream(screen)
+    start = time.perf_counter()
+    child = pexpect.spawn(argv[0], argv[1:], env=env, cwd=str(tmp), dimensions=(ROWS, COLS))
+    deadline = time.monotonic() + 60
+    while "ready" not in screen.display[ROWS - 1]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("cru chat never became ready:\n" + "\n".join(screen.display))
+        try:
+            stream.feed(child.read_nonblocking(1 << 16, timeout=0.002))
+        except pexpect.TIMEOUT:
+            pass
+    ready = time.perf_counter() - start
+    child.send("\x04")
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    return ready
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far (Linux /proc): a figure that holds
+    on a loaded machine, where wall times swing with the other processes."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Tui:
     def __init__(self, tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> None:
         script = tmp / "tui.json"
@@ -130,8 +187,9 @@ class Tui:
             self.pump(0.001)
         return out
 
-    def flood(self, i: int) -> tuple[float, list[float]]:
-        """One flooded turn: its time on screen and the keystroke latencies during it."""
+    def flood(self, i: int) -> tuple[float, list[float], float]:
+        """One flooded turn: its time on screen, the keystroke latencies during it, and the CPU
+        time cru used from the prompt to the turn's end on screen."""
         self.child.send("\x15go")
         while "go" not in self.input_line():
             self.pump()
@@ -139,6 +197,7 @@ class Tui:
         while self.watch.count() < i + 1:
             self.pump(0.001)
         start = time.perf_counter()
+        cpu_start = cpu_seconds(self.child.pid)
         latencies: list[float] = []
         typed = 0
         done = None
@@ -162,7 +221,7 @@ class Tui:
         deadline = time.monotonic() + 30
         while "ready" not in self.screen.display[ROWS - 1] and time.monotonic() < deadline:
             self.pump(0.01)
-        return done - start, latencies
+        return done - start, latencies, cpu_seconds(self.child.pid) - cpu_start
 
     def close(self) -> None:
         self.child.send("\x15\x04")
@@ -175,12 +234,112 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+def render_cpu(n: int, batch: int = 250) -> float:
+    """In this process: N one-character chunks drawn by the chat's feed in batches, a frame
+    rendered after each batch (prompt-toolkit's renderer, 80×24, into /dev/null), a turn
+    running (spinner and elapsed time shown). CPU seconds: the TUI's own cost, without the
+    agent, the pty or the other processes of a loaded machine."""
+    # In the child process only: the code base measured is the one its PYTHONPATH picks.
+    import asyncio
+
+    from prompt_toolkit.application.current import set_app
+    from prompt_toolkit.data_structures import Size
+    from prompt_toolkit.output.vt100 import Vt100_Output
+
+    from acp_host.registry import AgentSpec
+    from acp_host.session import MessageChunk
+    from crucible.config import Config
+    from crucible.sessions import SessionOptions
+    from crucible.tui.app import ChatUI
+
+    async def run(sink: IO[str]) -> float:  # the chat's parts want an asyncio loop (the pacer)
+        here = Path(tempfile.gettempdir())
+        ui = ChatUI(SessionOptions(agent=AgentSpec("agent", "agent", []), kiln=here, cwd=here, config=Config()))
+        ui.app.output = ui.app.renderer.output = Vt100_Output(sink, lambda: Size(ROWS, COLS), term="xterm-256color")
+        ui.status.turn_started()
+        block = {"type": "text", "text": "x"}
+        events = [MessageChunk("x", block, None) for _ in range(batch)]
+        start = time.process_time()
+        with set_app(ui.app):
+            for _ in range(n // batch):
+                ui.feed.render(events)
+                ui.app.renderer.render(ui.app, ui.app.layout)
+        return time.process_time() - start
+
+    with open(os.devnull, "w") as sink:
+        return asyncio.run(run(sink))
+
+
+def render_cpus(envs: list[dict[str, str]], n: int, repeat: int) -> list[list[float]]:
+    """`render_cpu` in a fresh interpreter per run, for each env (its PYTHONPATH picks the code
+    base), the code bases taking turns so a change in the machine's load hits them alike."""
+    out: list[list[float]] = [[] for _ in envs]
+    for _ in range(repeat):
+        for env, figures in zip(envs, out, strict=True):
+            res = subprocess.run([sys.executable, __file__, "--render-cpu", str(n)], env=env, capture_output=True,
+                                 text=True, timeout=300)
+            if res.returncode != 0:
+                raise RuntimeError(f"the render measurement failed:\n{res.stderr[-2000:]}")
+            figures.append(float(res.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def measure(tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> dict[str, Any]:
+    """Every figure of one code base, in order: start-up, headless floods, TUI floods and keys."""
+    firsts = [headless_first_event(tmp, env, kiln) for _ in range(repeat)]
+    readies = [tui_ready(tmp, env, kiln) for _ in range(repeat)]
+    heads = [headless(tmp, env, kiln, n) for _ in range(repeat)]
+    tui = Tui(tmp, env, kiln, n, repeat)
+    tui.wait_for("ready")
+    floods: list[float] = []
+    cpus: list[float] = []
+    keys: list[float] = []
+    idle = tui.idle_keys()
+    try:
+        for i in range(repeat):
+            seconds, lat, cpu = tui.flood(i)
+            floods.append(seconds)
+            cpus.append(cpu)
+            keys.extend(lat)
+    finally:
+        tui.close()
+    return {"first": firsts, "ready": readies, "heads": heads, "floods": floods, "cpu": cpus, "idle": idle,
+            "keys": keys}
+
+
+def report(name: str, n: int, repeat: int, r: dict[str, Any]) -> None:
+    med = statistics.median
+    print(f"== {name}")
+    first, ready = med(r["first"]), med(r["ready"])
+    print(f"start-up, median of {repeat} (seconds from the spawn):")
+    print(f"  cru chat -p, first event : {first:.3f} s   ({', '.join(f'{x:.3f}' for x in r['first'])})")
+    print(f"  cru chat, input ready    : {ready:.3f} s   ({', '.join(f'{x:.3f}' for x in r['ready'])})")
+    print(f"  ratio ready/first event  : {ready / first:.2f}x")
+    head, tui_s = med(r["heads"]), med(r["floods"])
+    print(f"flood of {n} chunks, median of {repeat} (seconds from the agent receiving the prompt to FLOOD-END shown):")
+    print(f"  headless cru chat -p : {head:.3f} s   ({', '.join(f'{h:.3f}' for h in r['heads'])})")
+    print(f"  tui (pty, 80x24)     : {tui_s:.3f} s   ({', '.join(f'{f:.3f}' for f in r['floods'])})")
+    print(f"  ratio tui/headless   : {tui_s / head:.2f}x   (goal <= 1.5x)")
+    print(f"  tui CPU per flood    : {med(r['cpu']):.3f} s   ({', '.join(f'{c:.3f}' for c in r['cpu'])})")
+    print(f"  render only, in-process CPU ({n // 250} frames): {med(r['render']):.3f} s   "
+          f"({', '.join(f'{c:.3f}' for c in r['render'])})")
+    ms = [k * 1000 for k in r["idle"]]
+    print(f"keystroke to screen, idle ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
+    ms = [k * 1000 for k in r["keys"]]
+    print(f"keystroke to screen during the flood ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, "
+          f"p95 {pct(ms, 95):.1f} ms, max {max(ms):.1f} ms   (goal p95 < 50 ms)")
+
+
 def main() -> int:
     global CRU
+    if sys.argv[1:2] == ["--render-cpu"]:  # the child of render_cpus
+        print(f"{render_cpu(int(sys.argv[2])):.4f}")
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
-    parser.add_argument("--repeat", type=int, default=3, help="floods per mode")
+    parser.add_argument("--repeat", type=int, default=3, help="floods (and start-ups) per mode")
     parser.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
+    parser.add_argument("--baseline-src", type=Path, help="a tree of crucible/, acp_host/, mcp_bridge/ to compare with")
     args = parser.parse_args()
     CRU = args.cru
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
@@ -190,31 +349,26 @@ def main() -> int:
         env = dict(os.environ, TERM="xterm-256color", XDG_CONFIG_HOME=str(tmp / "config"),
                    XDG_DATA_HOME=str(tmp / "data"))
         env.pop("NO_COLOR", None)
-        heads = []
-        for _ in range(args.repeat):
-            heads.append(headless(tmp, env, kiln, args.n))
-        tui = Tui(tmp, env, kiln, args.n, args.repeat)
-        tui.wait_for("ready")
-        floods: list[float] = []
-        keys: list[float] = []
-        idle = tui.idle_keys()
-        try:
-            for i in range(args.repeat):
-                seconds, lat = tui.flood(i)
-                floods.append(seconds)
-                keys.extend(lat)
-        finally:
-            tui.close()
-    head, tui_s = statistics.median(heads), statistics.median(floods)
-    print(f"flood of {args.n} chunks, median of {args.repeat} (seconds from the agent receiving the prompt to FLOOD-END shown):")
-    print(f"  headless cru chat -p : {head:.3f} s   ({', '.join(f'{h:.3f}' for h in heads)})")
-    print(f"  tui (pty, 80x24)     : {tui_s:.3f} s   ({', '.join(f'{f:.3f}' for f in floods)})")
-    print(f"  ratio tui/headless   : {tui_s / head:.2f}x   (goal <= 1.5x)")
-    ms = [k * 1000 for k in idle]
-    print(f"keystroke to screen, idle ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
-    ms = [k * 1000 for k in keys]
-    print(f"keystroke to screen during the flood ({len(ms)} keys): p50 {pct(ms, 50):.1f} ms, "
-          f"p95 {pct(ms, 95):.1f} ms, max {max(ms):.1f} ms   (goal p95 < 100 ms)")
+        env.pop("PYTHONPATH", None)
+        envs = {"this tree": env}
+        if args.baseline_src is not None:
+            envs[f"baseline {args.baseline_src}"] = dict(env, PYTHONPATH=str(args.baseline_src.resolve()))
+        results = {name: measure(tmp, e, kiln, args.n, args.repeat) for name, e in envs.items()}
+        for name, figures in zip(envs, render_cpus(list(envs.values()), args.n, args.repeat), strict=True):
+            results[name]["render"] = figures
+    for name, r in results.items():
+        report(name, args.n, args.repeat, r)
+    if len(results) == 2:
+        now, before = results.values()
+        med = statistics.median
+        print("== this tree / baseline (same run)")
+        print(f"  tui flood time     : {med(now['floods']) / med(before['floods']):.2f}x")
+        print(f"  tui CPU per flood  : {med(now['cpu']) / med(before['cpu']):.2f}x")
+        print(f"  render-only CPU    : {med(now['render']) / med(before['render']):.2f}x")
+        print(f"  tui/headless ratio : {(med(now['floods']) / med(now['heads'])) / (med(before['floods']) / med(before['heads'])):.2f}x")
+        print(f"  start-up (ready)   : {med(now['ready']) / med(before['ready']):.2f}x")
+        now_ms, before_ms = [k * 1000 for k in now["keys"]], [k * 1000 for k in before["keys"]]
+        print(f"  keystroke p95      : {pct(now_ms, 95):.1f} ms vs {pct(before_ms, 95):.1f} ms")
     return 0
 
 

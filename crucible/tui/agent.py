@@ -14,6 +14,9 @@ from crucible.events import Pipeline, saved_events
 from crucible.kiln.paths import iter_markdown
 from crucible.sessions import BridgeHost, CrucibleSession, open_session
 from crucible.terminal import sanitize
+from crucible.tui.prompts import STEER_NOTE
+from crucible.tui.status import TICK
+from crucible.tui.transcript import TextEntry
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
@@ -39,6 +42,7 @@ class AgentLoop:
         # is not drawn again) or gets the saved transcript as context.
         self.last_session_id: str | None = None
         self.restarted = False
+        self.prompts_sent = 0
 
     def stop(self) -> None:
         """The person leaves: end the agent session and do not start another."""
@@ -107,6 +111,8 @@ class AgentLoop:
                     for warning in session.warnings:
                         ui.notice(f"warning: {warning}")
                     ui.status.state = "ready"
+                    if ui.prompts.held and ui.question is None:
+                        ui.prompts.release()  # held after a failed send: this session sends it
                     await self._show_saved_history(session)
                     ui.refresh_now()
                     async with trio.open_nursery() as nursery:
@@ -155,15 +161,44 @@ class AgentLoop:
         self.ui.check_agent()
 
     async def run_turns(self, session: CrucibleSession) -> None:
+        """The queued prompts, one turn at a time: each drawn when it is sent, with its
+        attachments; a steering prompt says it interrupts the turn before it."""
         assert session.acp is not None
         ui = self.ui
         while True:
-            text, blocks = await ui.input.receive.receive()
+            item = await ui.prompts.get()
+            ui.feed.unpin_plan()
+            ui.feed.end_text()
+            entry = TextEntry("user", markdown=False)
+            entry.append("› " + item.text)
+            entry.finish()
+            ui.transcript.add(entry)
+            if item.steer:
+                ui.feed.add_notice("(sent as steering: it interrupts the turn before it)")
+            blocks = await ui.input.attachments(item.text)
+            if item.steer:
+                blocks.append({"type": "text", "text": STEER_NOTE})
             ui.status.turn_started()
+            ui.forget_ctrl_c()
             ui.refresh_now()
-            try:
-                await session.prompt(text, blocks or None)
-            except RuntimeError as exc:
-                ui.error(f"could not send the prompt: {exc}")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._tick)
+                try:
+                    self.prompts_sent += 1
+                    await session.prompt(item.text, blocks or None)
+                except RuntimeError as exc:
+                    ui.error(f"could not send the prompt: {exc}; it waits in the queue (/restart sends it, "
+                             "/queue drop 1 drops it)")
+                    ui.prompts.put(item, first=True)
+                    ui.prompts.hold()
+                finally:
+                    nursery.cancel_scope.cancel()
+                    ui.status.turn_stopped()
             ui.status.state = "ready" if ui.agent_alive else "agent stopped"
             ui.refresh_now()
+
+    async def _tick(self) -> None:
+        """The spinner and the elapsed time move while the turn runs."""
+        while True:
+            await trio.sleep(TICK)
+            self.ui.refresh()

@@ -2,9 +2,12 @@
 
 Layout, top to bottom: the transcript (transcript.py; the session's events drawn by feed.py,
 a collapsible section per delegated child under the delegate_session call that started it,
-children.py), the agent's plan and the status bar (status.py), the permission dialog when
-something waits for the person (permissions.py), and the input box (input.py; its slash
-commands in commands.py).
+children.py; the mouse wheel scrolls it), the agent's plan (status.py), the dialog when
+something waits for the person (permissions.py: a permission, or one of the chat's own
+questions), the prompts queued for the agent (prompts.py), the input box (input.py; its slash
+commands in commands.py) and the status bar (status.py). When the chat ends, the transcript is
+written to the terminal's normal screen (so it stays in its scrollback), then the session's ID
+and how to resume it.
 
 Threads of control: prompt-toolkit owns the asyncio loop and the keys; the session runs
 on trio as its guest (see bridge.py; the agent session's life is agent.py). Key handlers hand
@@ -15,6 +18,7 @@ by `ChatFeed` (feed.py).
 
 from __future__ import annotations
 
+import base64
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +28,7 @@ from typing import Any
 import trio
 from prompt_toolkit.application import Application
 from prompt_toolkit.filters import Condition
-from prompt_toolkit.formatted_text import StyleAndTextTuples
+from prompt_toolkit.formatted_text import FormattedText, StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.layout import (
     ConditionalContainer,
@@ -37,6 +41,7 @@ from prompt_toolkit.layout import (
 from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
 from prompt_toolkit.layout.menus import CompletionsMenu
+from prompt_toolkit.shortcuts import print_formatted_text
 
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
@@ -47,27 +52,37 @@ from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
 from crucible.tui.commands import Commands
 from crucible.tui.elicitation import ElicitationQueue
-from crucible.tui.feed import ChatFeed
+from crucible.tui.feed import ChatFeed, ToolEntry
 from crucible.tui.input import ChatInput
 from crucible.tui.permissions import (
     PermissionQueue,
+    Question,
     dialog_height,
     dialog_text,
     save_permission_rule,
 )
+from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
 from crucible.tui.style import STYLE
 from crucible.tui.transcript import TextEntry, TranscriptControl
+
+SCROLLBACK_ROWS = 20000  # of the transcript written to the normal screen at the end
+OSC52_MAX = 1_000_000  # bytes of text sent to the clipboard at once (terminals cap it anyway)
 
 
 class ChatUI:
     """The chat's parts, its prompt-toolkit application and its trio side."""
 
     def __init__(self, opts: SessionOptions, history: History | None = None) -> None:
-        self.queue = PermissionQueue(self.refresh_now)
+        self.queue = PermissionQueue(self.permissions_changed)
+        self.queue.kiln, self.queue.cwd = opts.kiln, opts.cwd
         self.questions = ElicitationQueue(self.refresh_now)  # upstream MCP servers' questions
         # the caller's options stay as they were
         self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
+        self.prompts = PromptQueue(self.refresh_now)
+        self.question: Question | None = None  # the chat's own question in the dialog
+        self.focused: ToolEntry | None = None  # the tool call Ctrl-E expands (Alt-↑/↓ moves)
+        self.mouse = True  # the wheel scrolls; /mouse off hands the mouse back to the terminal
         self.session: CrucibleSession | None = None
         self.status = StatusBar(opts.agent.name + (f" › {opts.card.name}" if opts.card else ""))
         self.transcript = TranscriptControl()
@@ -87,23 +102,34 @@ class ChatUI:
         self.input = ChatInput(self, history)
         self.app: Application[None] = Application(
             layout=self._layout(), key_bindings=self.input.key_bindings(), style=STYLE, full_screen=True,
-            mouse_support=False, max_render_postpone_time=None, refresh_interval=None,
+            mouse_support=Condition(lambda: self.mouse), max_render_postpone_time=None, refresh_interval=None,
         )
         self.pacer = Pacer(self.app)
 
     def _layout(self) -> Layout:
-        status, queue, questions, buffer = self.status, self.queue, self.questions, self.input.buffer
+        status, queue, questions, buffer, prompts = self.status, self.queue, self.questions, self.input.buffer, \
+            self.prompts
+        # The dialog takes the keys while it asks (focused: keys that do not answer it go nowhere,
+        # none reaches the input box); the input box has them back when it goes. An upstream
+        # server's question is answered in the input box: the dialog shows it without the focus.
+        self.dialog_window = Window(
+            FormattedTextControl(lambda: dialog_text(queue, self.question, questions), focusable=True,
+                                 show_cursor=False, key_bindings=self.input.dialog_key_bindings()),
+            height=lambda: dialog_height(queue, self.question, questions), style="class:dialog", wrap_lines=False)
+        self.input_window = Window(BufferControl(buffer), wrap_lines=True,
+                                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
+                                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  ")
         body = HSplit([
             Window(self.transcript, wrap_lines=False),
             ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(Window(FormattedTextControl(lambda: dialog_text(queue, questions)),
-                                        height=lambda: dialog_height(queue, questions), style="class:dialog", wrap_lines=True),
-                                 filter=Condition(lambda: queue.current is not None or questions.current is not None)),
+            ConditionalContainer(self.dialog_window,
+                                 filter=Condition(lambda: self.dialog_up or questions.current is not None)),
+            ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
+                                        height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
+                                 filter=Condition(lambda: bool(prompts.items))),
             Window(FormattedTextControl([("class:separator", "─" * 200)]), height=1, style="class:separator"),
-            Window(BufferControl(buffer), wrap_lines=True,
-                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
-                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  "),
+            self.input_window,
             Window(FormattedTextControl(self._status_text), height=1, style="class:status"),
         ])
         root = FloatContainer(body, floats=[Float(xcursor=True, ycursor=True,
@@ -112,7 +138,16 @@ class ChatUI:
 
     def _status_text(self) -> StyleAndTextTuples:
         acp = self.session.acp if self.session is not None else None
-        return self.status.text(acp, waiting=self.queue.current is not None or self.questions.current is not None)
+        return self.status.text(acp, waiting=self.dialog_up or self.questions.current is not None)
+
+    def _columns(self) -> int:
+        return self.app.output.get_size().columns
+
+    @property
+    def dialog_up(self) -> bool:
+        """The dialog asks something the keys answer (a permission, or the chat's own question):
+        none reaches the input box."""
+        return self.queue.current is not None or self.question is not None
 
     # -- drawing ---------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -120,6 +155,9 @@ class ChatUI:
         self.pacer.request()
 
     def refresh_now(self) -> None:
+        target = self.dialog_window if self.dialog_up else self.input_window
+        if not self.app.layout.has_focus(target):
+            self.app.layout.focus(target)
         self.app.invalidate()
 
     def say_flash(self, text: str, seconds: float = 3.0) -> None:
@@ -154,6 +192,78 @@ class ChatUI:
         section.set_collapsed(not section.collapsed)
         self.refresh_now()
 
+    def permissions_changed(self) -> None:
+        """The dialog's permission question changed: the call it shows draws its diff there only."""
+        for entry in self.feed.tools.values():
+            asking = self.queue.asks_about(entry.call.tool_call_id)
+            if asking != entry.asking:
+                entry.asking = asking
+                entry.redraw()
+        self.refresh_now()
+
+    def ask(self, question: Question) -> None:
+        """One of the chat's own questions, in the dialog (after any permission question)."""
+        self.question = question
+        self.refresh_now()
+
+    def answer_question(self, key: str) -> None:
+        question = self.question
+        if question is None or self.queue.current is not None or key not in question.choices:
+            return
+        self.question = None
+        question.choices[key][1]()
+        self.refresh_now()
+
+    def move_focus(self, direction: int) -> None:
+        """Alt-↑ / Alt-↓: focus the previous / next tool call of the session (Ctrl-E expands it)."""
+        entries = [e for e in self.transcript.entries if isinstance(e, ToolEntry)]
+        if not entries:
+            self.say_flash("no tool calls yet")
+            return
+        if self.focused in entries:
+            index = entries.index(self.focused) + direction
+            index = max(0, min(len(entries) - 1, index))
+        else:
+            index = len(entries) - 1
+        self.set_focus(entries[index])
+
+    def set_focus(self, entry: ToolEntry | None) -> None:
+        if self.focused is not None:
+            self.focused.focused = False
+            self.focused.redraw()
+        self.focused = entry
+        if entry is not None:
+            entry.focused = True
+            entry.redraw()
+            self.transcript.scroll_to(entry)
+        self.refresh_now()
+
+    def toggle_expand(self) -> None:
+        """Ctrl-E: the focused tool call (else the newest) in full, or cut again."""
+        entry = self.focused
+        if entry is None or entry not in self.transcript.entries:
+            entry = next((e for e in reversed(self.transcript.entries) if isinstance(e, ToolEntry)), None)
+        if entry is None:
+            self.say_flash("no tool calls yet")
+            return
+        entry.expanded = not entry.expanded
+        entry.redraw()
+        if self.focused is entry or self.transcript.scroll:
+            self.transcript.scroll_to(entry)
+        self.say_flash("tool call shown in full" if entry.expanded else "tool call cut again")
+
+    def copy(self, text: str, what: str) -> None:
+        """Put `text` on the clipboard through the terminal (OSC 52: works over ssh and in tmux
+        with set-clipboard on)."""
+        data = text.encode("utf-8")
+        if len(data) > OSC52_MAX:
+            self.error(f"{what} is {len(data)} bytes: too big for the clipboard through the terminal "
+                       f"(at most {OSC52_MAX}); `cru session show` prints the whole session")
+            return
+        self.app.output.write_raw("\x1b]52;c;" + base64.b64encode(data).decode("ascii") + "\x07")
+        self.app.output.flush()
+        self.say_flash(f"copied {what} ({len(text)} characters) to the clipboard")
+
     def terminal_text(self, terminal_id: str) -> str | None:
         return self.session.terminal_output(terminal_id) if self.session is not None else None
 
@@ -173,6 +283,11 @@ class ChatUI:
         return {c.name: c.description for c in session.acp.state.commands}
 
     # -- from the keys ---------------------------------------------------------------------
+    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run an async function as a trio task (from trio code)."""
+        if self.nursery is not None:
+            self.nursery.start_soon(fn, *args)
+
     def to_trio(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run an async function as a trio task (from a key handler)."""
         if self.token is None or self.nursery is None:
@@ -201,6 +316,8 @@ class ChatUI:
         self.notice(f"saved [permissions] {tool} = \"{rule}\" in {path.name}")
 
     def on_ctrl_c(self) -> None:
+        """Cancel the running turn; with prompts queued, hold them and ask whether to drop
+        them. Twice within 2 s (while the hint says so): leave."""
         now = time.monotonic()
         if now - self.last_ctrl_c < 2.0:
             self.quit()
@@ -211,10 +328,36 @@ class ChatUI:
             self.status.state = "cancelling"
             self.say_flash("cancelling the turn (Ctrl-C again to leave)")
             self.to_trio(session.cancel)
+            # (A /steer waiting is what the person just asked for: it goes without a question.)
+            if self.prompts.items and not any(item.steer for item in self.prompts.items):
+                self.ask_about_queue()
         elif self.input.buffer.text:
             self.input.buffer.reset()
         else:
             self.say_flash("Ctrl-C again or Ctrl-D to leave")
+
+    def ask_about_queue(self) -> None:
+        """Hold the queued prompts until the person says whether they still want them sent."""
+        count = len(self.prompts.items)
+        self.prompts.hold()
+
+        def drop() -> None:
+            self.prompts.clear()
+            self.notice(f"dropped {count} queued prompt{'s' if count != 1 else ''}")
+
+        def keep() -> None:
+            self.prompts.release()
+
+        self.ask(Question(f"The turn is cancelled. {count} prompt{'s are' if count != 1 else ' is'} queued: "
+                          "send or drop?", {"d": ("drop them", drop), "k": ("keep: send them", keep)},
+                          [item.text.strip().split("\n", 1)[0][:100] for item in list(self.prompts.items)[:3]]))
+
+    def forget_ctrl_c(self) -> None:
+        """A turn started or ended: the hint of an earlier Ctrl-C goes, and so does its meaning
+        (the next Ctrl-C cancels or warns; it does not leave)."""
+        if self.last_ctrl_c:
+            self.last_ctrl_c = 0.0
+            self.status.clear_flash()
 
     def quit(self) -> None:
         if self.quitting:
@@ -246,4 +389,26 @@ def run_tui(opts: SessionOptions) -> int:
         history = InMemoryHistory()
     ui = ChatUI(replace(opts, store=opts.store or SessionStore()), history)
     result = run_with_trio(ui.app, ui.loop.main)
+    write_scrollback(ui)
     return result or 0
+
+
+def write_scrollback(ui: ChatUI) -> None:
+    """After the full screen is gone: the conversation on the normal screen, so the terminal's
+    scrollback keeps it, then the session's ID and the command that resumes it."""
+    output = ui.app.output
+    width = max(20, output.get_size().columns)
+    rows = ui.transcript.rows_for_scrollback(width, SCROLLBACK_ROWS)
+    text: StyleAndTextTuples = []
+    for row in rows:
+        text.extend(row)
+        text.append(("", "\n"))
+    if text:
+        print_formatted_text(FormattedText(text), style=STYLE, output=output, end="")
+    session_id = ui.loop.last_session_id
+    if session_id is not None and ui.loop.prompts_sent:
+        print_formatted_text(FormattedText([("class:dim", "─" * min(width, 60) + "\n"),
+                                            ("", f"Session {session_id} is saved. Resume it with:\n"),
+                                            ("class:tool.title", f"  cru session resume {session_id}")]),
+                             style=STYLE, output=output)
+    output.flush()

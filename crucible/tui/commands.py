@@ -11,6 +11,8 @@ import trio
 from crucible.errors import CrucibleError
 from crucible.session_store import picker_lines
 from crucible.terminal import sanitize
+from crucible.tui.permissions import Question
+from crucible.tui.transcript import TextEntry
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
@@ -28,6 +30,10 @@ OWN_COMMANDS: dict[str, str] = {
     "model": "list the models, or /model VALUE to switch",
     "restart": "start the agent again, the conversation going on",
     "exit": "leave the chat (Ctrl-D on an empty line)",
+    "steer": "/steer TEXT: cancel the turn and send TEXT, saying it interrupts",
+    "queue": "the queued prompts; /queue edit N, /queue drop N|all",
+    "copy": "the last answer to the clipboard (/copy N, /copy code [N])",
+    "mouse": "/mouse off: the terminal selects; /mouse on: the wheel scrolls",
 }
 
 
@@ -52,11 +58,25 @@ def parse_slash(text: str, agent_commands: Iterable[str]) -> SlashCommand | None
 
 
 HELP_KEYS = [
-    ("Enter", "send"), ("Esc Enter / Shift-Enter / Ctrl-J", "new line"), ("Ctrl-C", "cancel the turn; twice: leave"),
+    ("Enter", "send (queued while a turn runs)"), ("Esc Enter / Shift-Enter / Ctrl-J", "new line"),
+    ("Ctrl-C", "cancel the turn; twice: leave"),
     ("Ctrl-D", "leave (on an empty line)"), ("Shift-Tab", "next mode"), ("Ctrl-T", "show/hide thoughts"),
     ("Ctrl-O", "expand/collapse the newest child section"),
-    ("PageUp / PageDown", "scroll"), ("@note", "attach a note from the kiln"),
+    ("Alt-↑ / Alt-↓", "focus the previous / next tool call"), ("Ctrl-E", "show the focused tool call in full"),
+    ("↑ (empty input)", "take the last queued prompt back to edit it"),
+    ("PageUp / PageDown / wheel", "scroll (Shift-drag selects text)"),
+    ("@note, @image.png", "attach a note from the kiln, an image"),
 ]
+
+# Words in a mode's id or name that say it runs tools without asking (Claude's bypassPermissions,
+# Gemini's yolo, Codex's full-access): Shift-Tab asks before it switches to one.
+BYPASS_WORDS = ("bypass", "yolo", "dangerous", "full-access", "full_access", "skip-permission",
+                "skip_permission", "no-permission")
+
+
+def bypasses_permissions(mode: Any) -> bool:
+    text = f"{getattr(mode, 'id', '')} {getattr(mode, 'name', '')}".lower()
+    return any(word in text for word in BYPASS_WORDS)
 
 
 class Commands:
@@ -82,7 +102,8 @@ class Commands:
         agent = self.ui.agent_commands()
         if agent:
             lines += ["The agent's commands:"] + [f"  /{n:<9} {sanitize(d)}" for n, d in agent.items()]
-        lines += ["Keys:"] + [f"  {k:<22} {d}" for k, d in HELP_KEYS]
+        # The keys as one paragraph (the chat wraps it at words): the whole help fits a small screen.
+        lines += ["Keys: " + " · ".join(f"{k}: {d}" for k, d in HELP_KEYS)]
         self.ui.notice("\n".join(lines))
 
     async def do_exit(self, args: str) -> None:
@@ -179,10 +200,28 @@ class Commands:
         if acp is None or not acp.state.modes:
             self.ui.say_flash("the agent offers no modes")
             return
-        ids = [m.id for m in acp.state.modes]
+        modes = list(acp.state.modes)
+        ids = [m.id for m in modes]
         current = acp.state.current_mode
-        nxt = ids[(ids.index(current) + 1) % len(ids)] if current in ids else ids[0]
-        await self.set_mode(nxt)
+        index = (ids.index(current) + 1) % len(ids) if current in ids else 0
+        if bypasses_permissions(modes[index]):
+            self.ask_bypass(modes, index)
+            return
+        await self.set_mode(ids[index])
+
+    def ask_bypass(self, modes: list[Any], index: int) -> None:
+        """Shift-Tab reached a mode that runs tools without asking: switch only if the person says so."""
+        mode = modes[index]
+        acp = self._acp()
+        current = acp.state.current_mode if acp is not None else None
+        after = next((m.id for m in modes[index + 1:] + modes[:index] if not bypasses_permissions(m)), None)
+        ui = self.ui
+        choices = {"y": (f"switch to {sanitize(mode.id)}", lambda: ui.to_trio(self.set_mode, mode.id))}
+        if after is not None and after != current:
+            choices["s"] = (f"skip to {sanitize(after)}", lambda: ui.to_trio(self.set_mode, after))
+        choices["n"] = ("stay", lambda: ui.say_flash("mode unchanged"))
+        ui.ask(Question(f"Mode {sanitize(mode.name or mode.id)} lets the agent run tools without asking you. "
+                        "Switch to it?", choices))
 
     async def do_model(self, args: str) -> None:
         acp = self._acp()
@@ -216,3 +255,73 @@ class Commands:
     async def do_restart(self, args: str) -> None:
         self.ui.notice("restarting the agent…")
         self.ui.loop.request_restart()
+
+    async def do_steer(self, args: str) -> None:
+        """Cancel the running turn and send TEXT next, as one step."""
+        ui = self.ui
+        if not args.strip():
+            ui.error("/steer TEXT: say what the agent should do instead")
+            return
+        acp = self._acp()
+        running = ui.session is not None and acp is not None and acp.turn_running
+        if not running:
+            ui.notice("no turn is running: sent as a plain prompt")
+            ui.input.queue_prompt(args)
+            return
+        ui.input.queue_prompt(args, steer=True)
+        ui.status.state = "cancelling"
+        assert ui.session is not None
+        await ui.session.cancel()
+
+    async def do_queue(self, args: str) -> None:
+        ui = self.ui
+        verb, _, rest = args.partition(" ")
+        rest = rest.strip()
+        if not verb:
+            ui.notice(ui.prompts.listing())
+        elif verb == "drop" and rest == "all":
+            count = ui.prompts.clear()
+            ui.notice(f"dropped {count} queued prompt{'s' if count != 1 else ''}")
+        elif verb in ("drop", "edit") and rest.isdigit() and 1 <= int(rest) <= len(ui.prompts.items):
+            if verb == "edit":
+                ui.input.edit_queued(int(rest))
+            else:
+                item = ui.prompts.take(int(rest))
+                ui.notice(f"dropped: {sanitize(item.text.strip())[:80]}" if item else "nothing dropped")
+        else:
+            ui.error(f"/queue {args}: use /queue, /queue edit N, /queue drop N or /queue drop all "
+                     f"({len(ui.prompts.items)} queued)")
+
+    async def do_copy(self, args: str) -> None:
+        """The last answer (or the Nth last; `code`: a code block) to the clipboard."""
+        ui = self.ui
+        words = args.split()
+        code = bool(words) and words[0] == "code"
+        number_text = words[1] if code and len(words) > 1 else (words[0] if words and not code else "1")
+        if not number_text.isdigit() or int(number_text) < 1 or len(words) > (2 if code else 1):
+            ui.error(f"/copy {args}: use /copy, /copy N, /copy code or /copy code N")
+            return
+        number = int(number_text)
+        answers = [e for e in ui.transcript.entries if isinstance(e, TextEntry) and e.kind == "agent"]
+        if code:
+            blocks = [block for entry in answers for block in entry.code_blocks()]
+            if len(blocks) < number:
+                ui.error(f"there {'is' if len(blocks) == 1 else 'are'} {len(blocks)} code block"
+                         f"{'' if len(blocks) == 1 else 's'} in the answers")
+                return
+            ui.copy(blocks[-number], "the code block" if number == 1 else f"code block {number} from the end")
+            return
+        if len(answers) < number:
+            ui.error(f"there {'is' if len(answers) == 1 else 'are'} {len(answers)} answer"
+                     f"{'' if len(answers) == 1 else 's'} to copy")
+            return
+        ui.copy(answers[-number].text(), "the last answer" if number == 1 else f"answer {number} from the end")
+
+    async def do_mouse(self, args: str) -> None:
+        ui = self.ui
+        if args not in ("", "on", "off"):
+            ui.error(f"/mouse {args}: use /mouse on or /mouse off")
+            return
+        ui.mouse = (not ui.mouse) if not args else args == "on"
+        ui.say_flash("mouse on: the wheel scrolls (Shift-drag selects)" if ui.mouse
+                     else "mouse off: the terminal selects and scrolls its own way")

@@ -1,11 +1,18 @@
 """The input box: its buffer, completion (slash commands, `@note` paths), the keys of the chat,
-and sending what was typed (a prompt, with each `@note` attached, or a slash command)."""
+and what becomes of what was typed: a slash command runs; a prompt joins the queue
+(prompts.py) and, when its turn comes, is sent with its attachments: each `@note` of the kiln,
+and each image (`@shot.png`, or a pasted path to one) as an image block when the agent takes
+images, else with a note saying it was not sent."""
 
 from __future__ import annotations
 
+import base64
+import mimetypes
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import trio
 from prompt_toolkit.buffer import Buffer
@@ -19,9 +26,10 @@ from prompt_toolkit.keys import Keys
 
 from crucible.errors import CrucibleError
 from crucible.kiln.paths import resolve_in_kiln
+from crucible.terminal import sanitize
 from crucible.tui.commands import OWN_COMMANDS, parse_slash
 from crucible.tui.permissions import KEYS
-from crucible.tui.transcript import TextEntry
+from crucible.tui.prompts import Queued
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
@@ -31,8 +39,37 @@ if TYPE_CHECKING:
 MENTION = re.compile(r'(?<!\S)@(?:"([^"]+)"|([^\s"]+))')
 
 
+# A pasted path: absolute, `~/…` or file://, maybe quoted as terminals quote a dropped file.
+PASTED_PATH = re.compile(r"""(?<!\S)(?:'((?:/|~/|file://)[^']+)'|"((?:/|~/|file://)[^"]+)"|((?:/|~/|file://)(?:\\ |\S)+))""")
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+               ".webp": "image/webp"}
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+
+
 def mentions(text: str) -> list[str]:
     return [m.group(1) or m.group(2) for m in MENTION.finditer(text)]
+
+
+def is_image(name: str) -> bool:
+    return Path(name).suffix.lower() in IMAGE_TYPES
+
+
+def pasted_images(text: str) -> list[str]:
+    """Paths to images pasted (or dropped) into the prompt, as they were written."""
+    out = []
+    for m in PASTED_PATH.finditer(text):
+        raw = m.group(1) or m.group(2) or m.group(3).replace("\\ ", " ")
+        if is_image(raw):
+            out.append(raw)
+    return out
+
+
+def image_path(name: str, cwd: Path) -> Path:
+    """An image named in a prompt: `~` expanded, file:// dropped, relative to the session's folder."""
+    if name.startswith("file://"):
+        name = unquote(urlparse(name).path)
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else cwd / path
 
 
 class ChatCompleter(Completer):
@@ -85,15 +122,35 @@ class ChatInput:
             multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
             completer=ChatCompleter(ui.agent_commands, lambda: ui.notes),
         )
-        # Prompts wait here for the session (a turn running, or the agent still starting).
-        self.send, self.receive = trio.open_memory_channel[tuple[str, list[dict[str, Any]]]](64)
+
+    def dialog_key_bindings(self) -> KeyBindings:
+        """The dialog's keys (it has the focus while it asks): a key answers the question, or
+        does nothing."""
+        ui = self.ui
+        kb = KeyBindings()
+        permission = Condition(lambda: ui.queue.current is not None)
+
+        for key in KEYS:
+            @kb.add(key, filter=permission)
+            def _answer(event: KeyPressEvent, key: str = key) -> None:
+                ui.answer_permission(key)
+
+        @kb.add(Keys.Any)
+        @kb.add("enter")
+        @kb.add("tab")
+        @kb.add("backspace")
+        def _other(event: KeyPressEvent) -> None:
+            if ui.queue.current is None:
+                ui.answer_question(event.data)
+
+        return kb
 
     def key_bindings(self) -> KeyBindings:
         ui, buffer = self.ui, self.buffer
         kb = KeyBindings()
-        dialog = Condition(lambda: ui.queue.current is not None)
-        # An upstream MCP server's question (no permission request before it): typed, then Enter.
-        question = Condition(lambda: ui.queue.current is None and ui.questions.current is not None)
+        dialog = Condition(lambda: ui.dialog_up)
+        # An upstream MCP server's question (nothing else asked before it): typed, then Enter.
+        question = Condition(lambda: not ui.dialog_up and ui.questions.current is not None)
 
         @kb.add("enter", filter=question)
         def _answer_question(event: KeyPressEvent) -> None:
@@ -107,11 +164,6 @@ class ChatInput:
         def _decline_question(event: KeyPressEvent) -> None:
             ui.questions.decline()
 
-        for key in KEYS:
-            @kb.add(key, filter=dialog, eager=True)
-            def _answer(event: KeyPressEvent, key: str = key) -> None:
-                ui.answer_permission(key)
-
         @kb.add("enter", filter=~dialog & ~question)
         def _submit(event: KeyPressEvent) -> None:
             state = buffer.complete_state
@@ -120,8 +172,8 @@ class ChatInput:
                 return
             self.submit()
 
-        @kb.add("escape", "enter")
-        @kb.add("c-j")
+        @kb.add("escape", "enter", filter=~dialog)
+        @kb.add("c-j", filter=~dialog)
         def _newline(event: KeyPressEvent) -> None:
             buffer.insert_text("\n")
 
@@ -134,7 +186,7 @@ class ChatInput:
         def _ctrl_d(event: KeyPressEvent) -> None:
             ui.quit()
 
-        @kb.add("s-tab")
+        @kb.add("s-tab", filter=~dialog)
         def _mode(event: KeyPressEvent) -> None:
             ui.to_trio(ui.commands.cycle_mode)
 
@@ -146,6 +198,22 @@ class ChatInput:
         def _children(event: KeyPressEvent) -> None:
             ui.toggle_newest_child()
 
+        @kb.add("c-e", filter=~dialog)
+        def _expand(event: KeyPressEvent) -> None:
+            ui.toggle_expand()
+
+        @kb.add("escape", "up")
+        def _focus_up(event: KeyPressEvent) -> None:
+            ui.move_focus(-1)
+
+        @kb.add("escape", "down")
+        def _focus_down(event: KeyPressEvent) -> None:
+            ui.move_focus(1)
+
+        @kb.add("up", filter=Condition(lambda: not buffer.text and bool(ui.prompts.items) and not ui.dialog_up))
+        def _edit_queued(event: KeyPressEvent) -> None:
+            self.edit_queued(None)
+
         @kb.add("pageup")
         def _up(event: KeyPressEvent) -> None:
             ui.transcript.page(1)
@@ -155,6 +223,17 @@ class ChatInput:
             ui.transcript.page(-1)
 
         return kb
+
+    def edit_queued(self, number: int | None) -> bool:
+        """A queued prompt back into the input box, out of the queue (the last by default)."""
+        if self.buffer.text.strip():
+            self.ui.say_flash("the input box is not empty: send or clear it first")
+            return False
+        item = self.ui.prompts.take(number)
+        if item is None:
+            return False
+        self.buffer.set_document(Document(item.text))
+        return True
 
     def submit(self) -> None:
         text = self.buffer.text
@@ -168,43 +247,74 @@ class ChatInput:
         if command is not None and command.own:
             ui.to_trio(ui.commands.run, command.name, command.args)
             return
-        ui.to_trio(self.send_prompt, text)
+        self.queue_prompt(text)
 
-    async def send_prompt(self, text: str) -> None:
+    def queue_prompt(self, text: str, *, steer: bool = False) -> None:
+        """The prompt waits for its turn (at once when the agent is idle)."""
         ui = self.ui
-        ui.feed.end_text()
-        entry = TextEntry("user", markdown=False)
-        entry.append("› " + text)
-        entry.finish()
-        ui.transcript.add(entry)
-        starting = ui.status.state in ("starting", "starting agent")  # queued until the agent is up
-        if not ui.agent_alive and not starting:
-            ui.error("the agent is not running: /restart starts it again")
+        if not ui.prompts.put(Queued(text, steer=steer), first=steer):
+            ui.error("too many prompts are queued; wait for the turn to end, or /queue drop some")
             return
-        blocks = await self.mention_blocks(text)
-        session = ui.session
-        running = session is not None and session.acp is not None and session.acp.turn_running
-        if starting:
-            ui.notice("(queued: sent when the agent is ready)")
-        elif running:
-            ui.notice("(queued: sent when the current turn ends)")
-        ui.refresh()
-        try:
-            self.send.send_nowait((text, blocks))
-        except trio.WouldBlock:
-            ui.error("too many messages are waiting; wait for the turn to end")
+        if not ui.agent_alive and ui.status.state not in ("starting", "starting agent"):  # else: sent when it is up
+            ui.notice("the agent is not running: the prompt waits in the queue; /restart starts the agent "
+                      "and sends it (/queue drop all drops it)")
 
-    async def mention_blocks(self, text: str) -> list[dict[str, Any]]:
+    async def attachments(self, text: str) -> list[dict[str, Any]]:
+        """The blocks sent with a prompt: its `@notes` and its images."""
+        blocks = []
+        names = list(dict.fromkeys(mentions(text)))
+        images = [n for n in names if is_image(n)]
+        images += [p for p in pasted_images(text) if p not in images]
+        if images:
+            blocks.extend(await self.image_blocks(images))
+        notes = [n for n in names if not is_image(n)]
+        if notes:
+            blocks.extend(await self.mention_blocks(notes))
+        return blocks
+
+    def _prompt_caps(self) -> Any:
+        session = self.ui.session
+        caps = session.client.capabilities if session is not None and session.client is not None else None
+        return getattr(caps, "prompt_capabilities", None)
+
+    async def image_blocks(self, names: list[str]) -> list[dict[str, Any]]:
+        """Each image as an image block, when the agent says it takes images."""
+        ui = self.ui
+        takes_images = bool(getattr(self._prompt_caps(), "image", False))
+        blocks: list[dict[str, Any]] = []
+        for name in names:
+            shown = sanitize(name)
+            path = image_path(name, ui.opts.cwd)
+
+            def load(path: Path = path) -> bytes | str:
+                if not path.is_file():
+                    return "no such file"
+                size = path.stat().st_size
+                if size > MAX_IMAGE_BYTES:
+                    return f"{size // (1024 * 1024)} MiB, over the {MAX_IMAGE_BYTES // (1024 * 1024)} MiB limit"
+                return path.read_bytes()
+
+            try:
+                data = await trio.to_thread.run_sync(load)
+            except OSError as exc:
+                data = exc.strerror or "unreadable"
+            if isinstance(data, str):
+                ui.notice(f"image {shown}: {data}; not attached")
+                continue
+            if not takes_images:
+                ui.notice(f"image {shown} not sent: this agent does not take images (it did not announce "
+                          "promptCapabilities.image); only the text of your prompt was sent")
+                continue
+            mime = IMAGE_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] or "image/png"
+            blocks.append({"type": "image", "mimeType": mime, "data": base64.b64encode(data).decode("ascii")})
+            ui.notice(f"attached image {shown} ({len(data)} bytes)")
+        return blocks
+
+    async def mention_blocks(self, names: list[str]) -> list[dict[str, Any]]:
         """Each `@note` that names a note in the kiln becomes an embedded resource (or inline
         text when the agent cannot take embedded context)."""
-        names = list(dict.fromkeys(mentions(text)))
-        if not names:
-            return []
         ui = self.ui
-        session = ui.session
-        caps = session.client.capabilities if session is not None and session.client is not None else None
-        prompt_caps = getattr(caps, "prompt_capabilities", None)
-        embedded = bool(getattr(prompt_caps, "embedded_context", False))
+        embedded = bool(getattr(self._prompt_caps(), "embedded_context", False))
         blocks: list[dict[str, Any]] = []
         for name in names:
             rel = name if name.endswith(".md") else name + ".md"

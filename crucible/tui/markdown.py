@@ -1,17 +1,27 @@
 """A light, line-at-a-time markdown renderer for streamed agent text.
 
 Streaming means a line is rendered when it is complete (the line in progress is rendered
-on its own, without knowledge of what follows). The only state carried across lines is
-whether we are inside a fenced code block. Output is prompt-toolkit style fragments;
-every text has already been through `crucible.terminal.sanitize`.
+on its own, without knowledge of what follows). The state carried across lines is whether
+we are inside a fenced code block, and its language (code is highlighted a line at a time
+by pygments). A table is a run of `|` rows: each row shows as it streams, and the run is
+drawn as a table once it ends (`table_rows`, called by the transcript). Output is
+prompt-toolkit style fragments; every text has already been through
+`crucible.terminal.sanitize`.
+
+Rows are wrapped at word boundaries (`wrap`): a word moves to the next row whole unless it is
+longer than a row, so what is copied from the screen keeps its words and paths.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
+from prompt_toolkit.styles.pygments import pygments_token_to_classname, style_from_pygments_cls
 from prompt_toolkit.utils import get_cwidth
+from pygments.styles import get_style_by_name
 
 Fragment = tuple[str, str]
 Fragments = list[Fragment]
@@ -19,14 +29,18 @@ Fragments = list[Fragment]
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _NUMBERED = re.compile(r"^(\s*)(\d+[.)])\s+(.*)$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
+_FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+#.-]*)")
 # `code`, **bold**, __bold__, *italic*, _italic_ (not inside words for _).
 _INLINE = re.compile(r"(`[^`]+`|\*\*[^*]+\*\*|__[^_]+__|\*[^*\s][^*]*\*|(?<!\w)_[^_\s][^_]*_(?!\w))")
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{1,}:?\s*(\|\s*:?-{1,}:?\s*)*\|?\s*$")
+_CODE_LINE_LIMIT = 1000  # longer code lines are not highlighted (one frame must stay cheap)
 
 
 @dataclass
 class MarkdownState:
     in_code: bool = False
+    lang: str = ""  # the open fence's language, "" when none was given
 
 
 def inline(text: str, base: str) -> Fragments:
@@ -51,18 +65,22 @@ def inline(text: str, base: str) -> Fragments:
 
 def render_line(line: str, state: MarkdownState, base: str = "") -> Fragments:
     """One complete line; updates `state` (code fences)."""
-    if _FENCE.match(line):
+    m = _FENCE.match(line)
+    if m:
         state.in_code = not state.in_code
+        state.lang = m.group(2).lower() if state.in_code else ""
         return [(f"{base} class:md.fence", line)]
     if state.in_code:
-        return [(f"{base} class:md.code", line)]
+        return code_line(line, state.lang, base)
     return peek_line(line, state, base)
 
 
 def peek_line(line: str, state: MarkdownState, base: str = "") -> Fragments:
     """A line without changing the state (also used for the line still streaming)."""
-    if state.in_code or _FENCE.match(line):
-        return [(f"{base} class:md.code", line)]
+    if state.in_code:
+        return code_line(line, state.lang, base)
+    if _FENCE.match(line):
+        return [(f"{base} class:md.fence", line)]
     m = _HEADING.match(line)
     if m:
         return [(f"{base} class:md.heading", m.group(2))]
@@ -75,6 +93,109 @@ def peek_line(line: str, state: MarkdownState, base: str = "") -> Fragments:
     if line.startswith(">"):
         return [(f"{base} class:md.quote", "│ "), *inline(line[1:].lstrip(), f"{base} class:md.quote")]
     return inline(line, base)
+
+
+# -- code -------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def _lexer(lang: str) -> Any:
+    """The pygments lexer for a fence's language, or None (unknown, or none given)."""
+    if not lang:
+        return None
+    # pygments' lexers, only once code with a language shows up
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    try:
+        return get_lexer_by_name(lang, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return None
+
+
+def code_line(line: str, lang: str, base: str = "") -> Fragments:
+    """A line of a fenced code block, highlighted by pygments when the fence named a language it
+    knows (a line at a time: a construct spanning lines, like a docstring, is coloured per line)."""
+    style = f"{base} class:md.code"
+    lexer = _lexer(lang)
+    if lexer is None or not line or len(line) > _CODE_LINE_LIMIT:
+        return [(style, line)]
+    out: Fragments = []
+    for token, text in lexer.get_tokens(line):
+        if text:
+            out.append((f"{style} class:{pygments_token_to_classname(token)}", text))
+    return out or [(style, line)]
+
+
+def code_style_rules() -> list[tuple[str, str]]:
+    """Colours for highlighted code: a pygments style's, without backgrounds (the chat's own
+    background stays) and without its default colour (md.code's is used)."""
+    rules = []
+    for name, value in style_from_pygments_cls(get_style_by_name("monokai")).style_rules:
+        if name == "pygments":
+            continue
+        kept = " ".join(part for part in value.split() if not part.startswith("bg:"))
+        if kept:
+            rules.append((name, kept))
+    return rules
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+def is_table_row(line: str) -> bool:
+    return _TABLE_ROW.match(line) is not None
+
+
+def _cells(row: str) -> list[str]:
+    inner = row.strip()
+    if inner.startswith("|"):
+        inner = inner[1:]
+    if inner.endswith("|") and not inner.endswith("\\|"):
+        inner = inner[:-1]
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", inner)]
+
+
+def _width(fragments: Fragments) -> int:
+    return sum(get_cwidth(text) for _, text in fragments)
+
+
+def table_rows(lines: list[str], base: str = "") -> list[Fragments] | None:
+    """A markdown table (header, rule, rows) drawn with box lines; None when `lines` is not one
+    (no rule under the header), so the caller keeps them as they are."""
+    if len(lines) < 2 or _TABLE_RULE.match(lines[1]) is None:
+        return None
+    rule = _cells(lines[1])
+    aligns = ["right" if c.endswith(":") and not c.startswith(":") else
+              "center" if c.startswith(":") and c.endswith(":") else "left" for c in rule]
+    rows = [[inline(cell, base) for cell in _cells(line)] for line in [lines[0], *lines[2:]]]
+    count = max(len(r) for r in rows)
+    for r in rows:
+        r.extend([] for _ in range(count - len(r)))
+    aligns.extend("left" for _ in range(count - len(aligns)))
+    widths = [max(1, *(_width(r[i]) for r in rows)) for i in range(count)]
+    line_style = f"{base} class:md.table"
+
+    def rule_row(left: str, mid: str, right: str) -> Fragments:
+        return [(line_style, left + mid.join("─" * (w + 2) for w in widths) + right)]
+
+    out: list[Fragments] = [rule_row("┌", "┬", "┐")]
+    for number, cells in enumerate(rows):
+        row: Fragments = [(line_style, "│")]
+        for cell, width, align in zip(cells, widths, aligns, strict=True):
+            pad = width - _width(cell)
+            left = pad // 2 if align == "center" else pad if align == "right" else 0
+            if number == 0:
+                cell = [(f"{style} class:md.bold", text) for style, text in cell]
+            row += [(base, " " * (left + 1)), *cell, (base, " " * (pad - left + 1)), (line_style, "│")]
+        out.append(row)
+        if number == 0:
+            out.append(rule_row("├", "┼", "┤"))
+    out.append(rule_row("└", "┴", "┘"))
+    return out
+
+
+# -- wrapping -----------------------------------------------------------------------------------
 
 
 def cut(text: str, room: int) -> tuple[str, str, int]:
@@ -92,26 +213,81 @@ def cut(text: str, room: int) -> tuple[str, str, int]:
     return text, "", used
 
 
-def wrap(fragments: Fragments, width: int) -> list[Fragments]:
-    """Rows of at most `width` terminal cells (an empty line is one empty row)."""
-    width = max(1, width)
-    rows: list[Fragments] = []
-    row: Fragments = []
-    used = 0
+def _ascii_spans(text: str, width: int) -> list[tuple[int, int]]:
+    """Where each row of `text` starts and ends: at the last space that fits, else (a word
+    longer than a row) at the width. The spaces a row breaks at are not shown."""
+    spans = []
+    pos, end = 0, len(text)
+    while end - pos > width:
+        limit = pos + width
+        brk = text.rfind(" ", pos + 1, limit + 1)  # a space right after a full row breaks it too
+        if brk > pos and not text[pos:brk].isspace():
+            stop = brk
+            while text[stop - 1] == " ":
+                stop -= 1
+            spans.append((pos, stop))
+            pos = brk
+            while pos < end and text[pos] == " ":
+                pos += 1
+        else:
+            spans.append((pos, limit))
+            pos = limit
+    spans.append((pos, end))
+    return spans
+
+
+def _cell_spans(text: str, width: int) -> list[tuple[int, int]]:
+    """As `_ascii_spans`, counting terminal cells (wide characters take two, combining marks none)."""
+    spans = []
+    start, used = 0, 0
+    brk = -1  # the last space in the row so far
+    i, end = 0, len(text)
+    while i < end:
+        w = get_cwidth(text[i])
+        if used + w > width and i > start:
+            if text[i] == " ":
+                spans.append((start, i))
+                while i < end and text[i] == " ":
+                    i += 1
+            elif brk > start and not text[start:brk].isspace():
+                spans.append((start, brk))
+                i = brk
+                while i < end and text[i] == " ":
+                    i += 1
+            else:
+                spans.append((start, i))
+            start, used, brk = i, 0, -1
+            continue
+        if text[i] == " ":
+            brk = i
+        used += w
+        i += 1
+    spans.append((start, end))
+    return spans
+
+
+def _slice(fragments: Fragments, start: int, end: int) -> Fragments:
+    out: Fragments = []
+    pos = 0
     for style, text in fragments:
-        while text:
-            room = width - used
-            if room <= 0:
-                rows.append(row)
-                row, used = [], 0
-                room = width
-            piece, rest, cells = cut(text, room)
-            if cells > room and row:  # a wide character that does not fit: next row
-                rows.append(row)
-                row, used = [], 0
-                continue
-            text = rest
-            row.append((style, piece))
-            used += cells
-    rows.append(row)
-    return rows
+        nxt = pos + len(text)
+        if nxt > start and pos < end:
+            out.append((style, text[max(0, start - pos):end - pos]))
+        if nxt >= end:
+            break
+        pos = nxt
+    return out
+
+
+def wrap(fragments: Fragments, width: int) -> list[Fragments]:
+    """Rows of at most `width` terminal cells, broken at word boundaries (an empty line is one
+    empty row)."""
+    width = max(1, width)
+    text = "".join([t for _, t in fragments])
+    if text.isascii():
+        if len(text) <= width:
+            return [[f for f in fragments if f[1]]]
+        spans = _ascii_spans(text, width)
+    else:
+        spans = _cell_spans(text, width)
+    return [_slice(fragments, start, end) for start, end in spans]

@@ -1,5 +1,10 @@
 """The status bar (state, agent, card, mode, model, context, tokens, cost, a short flash), the
-usage behind it (and `/usage`), and the agent's plan shown above the input."""
+usage behind it (and `/usage`), and the agent's plan shown above the input.
+
+While a turn runs the state shows a spinner and the time since the prompt was sent, so a
+long tool call (a slow search) still shows the turn is alive. A turn's plan is pinned above
+the input until the next prompt is sent: then it goes into the transcript as it finished, and
+the next turn starts with none."""
 
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ from prompt_toolkit.layout.dimension import Dimension
 
 from acp_host.session import PlanChanged, TurnEnded, UsageChanged
 from crucible.terminal import sanitize
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+TICK = 0.125  # seconds between two frames of the spinner
 
 
 def fmt_tokens(n: int) -> str:
@@ -30,15 +38,25 @@ class StatusBar:
         self.turn_tokens: int | None = None
         self.session_tokens = 0
         self.turns = 0
+        self.turn_started_at: float | None = None  # while a turn runs
 
     # -- what changes it ----------------------------------------------------------------
     def set_flash(self, text: str, seconds: float) -> None:
         self.flash = text
         self.flash_until = time.monotonic() + seconds
 
+    def clear_flash(self) -> None:
+        self.flash = ""
+        self.flash_until = 0.0
+
     def turn_started(self) -> None:
         self.state = "running"
+        self.turn_started_at = time.monotonic()
+        self.plan = ()  # a new turn starts with no plan (the last one is in the transcript)
         self.turn_start_cost = self.cost[0] if self.cost is not None else 0.0
+
+    def turn_stopped(self) -> None:
+        self.turn_started_at = None
 
     def plan_changed(self, event: PlanChanged) -> None:
         self.plan = event.entries
@@ -49,6 +67,7 @@ class StatusBar:
             self.cost = (event.cost.amount, event.cost.currency)
 
     def turn_ended(self, event: TurnEnded) -> None:
+        self.turn_started_at = None
         self.turns += 1
         if event.usage is not None:
             self.turn_tokens = event.usage.total_tokens
@@ -57,7 +76,11 @@ class StatusBar:
     # -- drawing ------------------------------------------------------------------------
     def text(self, acp: Any, waiting: bool) -> StyleAndTextTuples:
         """The bar; `acp`: the session's ACP session (mode, model), if any."""
-        parts = ["waiting for your answer" if waiting else self.state, self.label]
+        state = self.state
+        if self.turn_started_at is not None and state in ("running", "cancelling"):
+            elapsed = time.monotonic() - self.turn_started_at
+            state = f"{SPINNER[int(elapsed / TICK) % len(SPINNER)]} {state} {elapsed:.1f} s"
+        parts = ["waiting for your answer" if waiting else state, self.label]
         if acp is not None:
             st = acp.state
             if st.current_mode:
@@ -94,11 +117,20 @@ class StatusBar:
 
     def plan_text(self) -> StyleAndTextTuples:
         out: StyleAndTextTuples = [("class:plan", "Plan\n")]
-        for entry in self.plan[:5]:
-            status = getattr(entry, "status", "pending")
-            mark, style = {"completed": ("[x]", "class:plan.done"),
-                           "in_progress": ("[>]", "class:plan.active")}.get(status, ("[ ]", "class:plan"))
-            out.append((style, f" {mark} {sanitize(str(getattr(entry, 'content', '')))}\n"))
+        for line in plan_lines(self.plan[:5]):
+            out.extend(line)
+            out.append(("", "\n"))
         if len(self.plan) > 5:
             out.append(("class:plan", f"  … {len(self.plan) - 5} more\n"))
         return out
+
+
+def plan_lines(entries: Any) -> list[list[tuple[str, str]]]:
+    """A plan's entries as `[x] done`, `[>] doing`, `[ ] to do` lines."""
+    out = []
+    for entry in entries:
+        status = getattr(entry, "status", "pending")
+        mark, style = {"completed": ("[x]", "class:plan.done"),
+                       "in_progress": ("[>]", "class:plan.active")}.get(status, ("[ ]", "class:plan"))
+        out.append([(style, f" {mark} {sanitize(str(getattr(entry, 'content', '')))}")])
+    return out

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from prompt_toolkit.styles import Style
+from prompt_toolkit.styles import Style, merge_styles
 
-STYLE = Style.from_dict({
+from crucible.tui.markdown import code_style_rules
+
+_OWN = Style.from_dict({
     "agent": "",
     "thought": "italic #8a8a8a",
     "user": "bold #5fafff",
@@ -41,4 +43,12 @@ STYLE = Style.from_dict({
     "history": "#6c6c6c",
     "child.head": "bold #87afd7",
     "child.bar": "#5f87af",
+    "md.table": "#6c6c6c",
+    "tool.path": "#5fafff",
+    "focus": "bold #ffaf00",
+    "queue": "#a8a8a8",
+    "queue.head": "italic #8a8a8a",
 })
+
+# Later rules win: highlighted code over md.code's colour, history's dim over everything.
+STYLE = merge_styles([_OWN, Style(code_style_rules()), Style.from_dict({"history": "#6c6c6c"})])

@@ -6,23 +6,39 @@ an append is a string operation, completed lines are rendered (markdown) and wra
 per width, and a frame walks back from the newest entry only as far as the screen needs.
 A line that is still streaming is wrapped by slicing, so one 5 MB line costs no more per
 frame than a short one.
+
+Each text entry also keeps its lines as they came (markdown source), for `/copy`; the whole
+transcript can be written out as rows (`rows_for_scrollback`) when the chat ends, so the
+conversation stays in the terminal's own scrollback.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterator
 from typing import cast
 
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
+from prompt_toolkit.mouse_events import MouseEvent, MouseEventType
 
 from crucible.terminal import sanitize
-from crucible.tui.markdown import Fragments, MarkdownState, peek_line, render_line, wrap
+from crucible.tui.markdown import (
+    Fragments,
+    MarkdownState,
+    is_table_row,
+    peek_line,
+    render_line,
+    table_rows,
+    wrap,
+)
 
 MAX_ENTRIES = 2000
 MAX_LINES_PER_ENTRY = 20000
 _PEEK_LIMIT = 4000  # a streaming line longer than this is shown without markdown
+WHEEL_ROWS = 3  # rows scrolled by one notch of the mouse wheel
+_FENCE_LINE = re.compile(r"^\s*(```|~~~)")
 
 
 class Entry:
@@ -46,6 +62,8 @@ class TextEntry(Entry):
         # A rendered line, or a very long one kept as a plain string (wrapped by slicing).
         self.lines: deque[Fragments | str] = deque(maxlen=MAX_LINES_PER_ENTRY)
         self._pieces: list[str] = []  # the line still streaming; joined when drawn (no O(n²) +=)
+        self.source: deque[str] = deque(maxlen=MAX_LINES_PER_ENTRY)  # the lines as they came, for /copy
+        self._table: list[str] = []  # the rows of a table still coming (shown as they came until it ends)
         self.collapsed = False
 
     @property
@@ -64,7 +82,25 @@ class TextEntry(Entry):
         last = parts.pop()
         self._pieces[:] = [last] if last else []
         for line in parts:
-            self.lines.append(self._render(line))
+            self._add_line(line)
+
+    def _add_line(self, line: str) -> None:
+        self.source.append(line)
+        if self.markdown and not self.state.in_code and len(line) <= _PEEK_LIMIT and is_table_row(line):
+            self._table.append(line)
+        elif self._table:
+            self._end_table()
+        self.lines.append(self._render(line))
+
+    def _end_table(self) -> None:
+        """The rows of a table, shown as they came, are drawn as a table now that it ended."""
+        rows, self._table = self._table, []
+        drawn = table_rows(rows, self.base)
+        if drawn is None or len(self.lines) < len(rows):
+            return
+        for _ in rows:
+            self.lines.pop()
+        self.lines.extend(drawn)
 
     def _render(self, line: str) -> Fragments | str:
         if len(line) > _PEEK_LIMIT:
@@ -75,8 +111,34 @@ class TextEntry(Entry):
 
     def finish(self) -> None:
         if self.partial:
-            self.lines.append(self._render(self.partial))
+            self._add_line(self.partial)
             self._pieces.clear()
+        if self._table:
+            self._end_table()
+
+    def text(self) -> str:
+        """The entry's text as it came (markdown source), for copying."""
+        lines = list(self.source)
+        if self.partial:
+            lines.append(self.partial)
+        return "\n".join(lines)
+
+    def code_blocks(self) -> list[str]:
+        """The fenced code blocks in the text, without their fences (an unclosed one to its end)."""
+        blocks: list[str] = []
+        current: list[str] | None = None
+        for line in self.text().split("\n"):
+            if _FENCE_LINE.match(line):
+                if current is None:
+                    current = []
+                else:
+                    blocks.append("\n".join(current))
+                    current = None
+            elif current is not None:
+                current.append(line)
+        if current:
+            blocks.append("\n".join(current))
+        return blocks
 
     def text_lines(self) -> int:
         return len(self.lines) + (1 if self.partial else 0)
@@ -139,6 +201,7 @@ class TranscriptControl(UIControl):
         self.entries: deque[Entry] = deque(maxlen=MAX_ENTRIES)
         self.scroll = 0
         self._height = 24
+        self._width = 80
 
     def add(self, entry: Entry) -> Entry:
         self.entries.append(entry)
@@ -163,9 +226,49 @@ class TranscriptControl(UIControl):
     def is_focusable(self) -> bool:
         return False
 
+    def mouse_handler(self, mouse_event: MouseEvent) -> object:
+        """The wheel scrolls the transcript (the application runs with mouse support)."""
+        if mouse_event.event_type == MouseEventType.SCROLL_UP:
+            self.scroll += WHEEL_ROWS
+        elif mouse_event.event_type == MouseEventType.SCROLL_DOWN:
+            self.scroll = max(0, self.scroll - WHEEL_ROWS)
+        else:
+            return NotImplemented
+        return None
+
+    def scroll_to(self, entry: Entry) -> None:
+        """Scroll so `entry` is on screen (its top row when it is taller than the screen)."""
+        width = self._width
+        below = 0
+        for other in reversed(self.entries):
+            if other is entry:
+                top = below + sum(1 for _ in entry.rows_reversed(width))  # its top row, from the bottom
+                if top - below >= self._height or top > self.scroll + self._height:
+                    self.scroll = max(0, top - self._height)
+                elif below < self.scroll:
+                    self.scroll = below
+                return
+            below += sum(1 for _ in other.rows_reversed(width)) + 1
+
+    def rows_for_scrollback(self, width: int, limit: int) -> list[Fragments]:
+        """The whole transcript as rows of `width`, oldest first (at most the newest `limit`)."""
+        rows: list[Fragments] = []
+        for entry in reversed(self.entries):
+            if rows:
+                rows.append([])
+            for row in entry.rows_reversed(width):
+                rows.append(row)
+                if len(rows) >= limit:
+                    break
+            if len(rows) >= limit:
+                break
+        rows.reverse()
+        return rows
+
     def create_content(self, width: int, height: int | None) -> UIContent:
         height = height or self._height
         self._height = height
+        self._width = width
         want = height + self.scroll
         rows: list[Fragments] = []
         for entry in reversed(self.entries):

@@ -153,7 +153,7 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
                             "Read starter.md", "hello-from-the-child")
     lines = shown.splitlines()
     assert "Edit notes.txt" in lines[row_of(lines, "Permission:")]
-    assert row_of(lines, "crucible: delegate_session") < row_of(lines, "▾ parent › helper")
+    assert row_of(lines, "delegate_session helper") < row_of(lines, "▾ parent › helper")  # its clean title
     text, tool = in_section(lines, "child: reading the note"), in_section(lines, "✓ Read starter.md")
     assert row_of(lines, "▾ parent › helper") < text < tool < in_section(lines, "hello-from-the-child")
     assert not nested(lines, "delegate_session")

@@ -50,7 +50,11 @@ def test_claude_asks_for_create_note_in_the_dialog(claude_screen: Screen, fake_l
                   Reply.text_reply("Finished."))
     screen.wait_for(lambda s: "ready" in s.splitlines()[-1], timeout=90)
     screen.type_line("Write a note for me")
-    screen.wait_all("Permission:", "create_note", "inbox/from-agent.md", "reject once", timeout=90)
+    shown = screen.wait_all("Permission:", "create_note inbox/from-agent.md", "reject once", timeout=90)
+    # Issue 16: a clean title whatever prefix Claude adds, the new note as a diff, not JSON.
+    assert "mcp__crucible__" not in shown and "+# From the agent" in shown and "\\n" not in shown
+    keys = [row for row in shown.splitlines() if "allow once" in row]
+    assert len(keys) == 1 and "reject once" in keys[0]  # the key row on one row
     screen.send(key)
     note = kiln / "inbox" / "from-agent.md"
     if key == "y":

@@ -133,7 +133,9 @@ def test_markdown_lines() -> None:
     assert render_line("- item", state)[1:] == [(" class:md.bullet", "• "), ("", "item")]
     render_line("```python", state)
     assert state.in_code
-    assert render_line("# not a heading", state) == [(" class:md.code", "# not a heading")]
+    # Code, not a heading (a python comment, highlighted as one).
+    assert render_line("# not a heading", state) == [(" class:md.code class:pygments.comment.single",
+                                                      "# not a heading")]
     render_line("```", state)
     assert not state.in_code
     assert render_line("snake_case_name", state) == [("", "snake_case_name")]
@@ -212,7 +214,7 @@ def test_completer_offers_commands_and_note_paths() -> None:
     completer = ChatCompleter(lambda: {"summarize": "Summarize"}, lambda: ["Projects/Overview.md", "My Note.md"])
     event = CompleteEvent()
     names = [c.text for c in completer.get_completions(Document("/s"), event)]
-    assert names == ["/sessions", "/summarize"]
+    assert names == ["/sessions", "/steer", "/summarize"]
     notes = [c.text for c in completer.get_completions(Document("read @over"), event)]
     assert notes == ["@Projects/Overview.md"]
     spaced = [c.text for c in completer.get_completions(Document("@my"), event)]

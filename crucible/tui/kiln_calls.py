@@ -1,0 +1,202 @@
+"""Crucible's own bridge (kiln) tools as a person reads them, whatever the agent calls them:
+a clean title (`mcp__crucible__create_note` → `create_note notes/x.md`), a search's query and
+its top hits (`path — title`), a note write as a diff against the note as it was before.
+
+Pure functions over a tool call's merged state (acp_host.session.ToolCall), plus
+`proposed_write`, which reads the note from the kiln (call it in a thread)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from acp_host.session import ToolCall
+from crucible.errors import CrucibleError
+from crucible.kiln.paths import resolve_in_kiln
+from crucible.permissions import tool_key_from_acp
+
+SEARCH_TOOLS = frozenset({"semantic_search", "text_search", "property_search"})
+WRITE_TOOLS = frozenset({"create_note", "update_note"})
+TOP_HITS = 5
+_SUBJECT_KEYS = ("path", "query", "folder", "pattern", "tag", "key", "target", "card", "job_id")
+_MAX_NOTE_BYTES = 2 * 1024 * 1024  # a bigger note is not diffed in the chat
+
+
+@dataclass(frozen=True)
+class BridgeCall:
+    """A call of one of the bridge's tools: its bare name and its arguments (as far as known)."""
+
+    name: str
+    args: dict[str, Any]
+
+    @property
+    def title(self) -> str:
+        """`create_note notes/x.md`, `semantic_search "sourdough starter"`."""
+        for key in _SUBJECT_KEYS:
+            value = self.args.get(key)
+            if isinstance(value, str) and value:
+                value = value if len(value) <= 80 else value[:79] + "…"
+                return f'{self.name} "{value}"' if key == "query" else f"{self.name} {value}"
+        return self.name
+
+
+def call_arguments(call: ToolCall) -> dict[str, Any] | None:
+    """The call's arguments: its rawInput, or (Gemini asks before it announces a call) a JSON
+    object in its text content while it has not run yet."""
+    if isinstance(call.raw_input, dict):
+        return call.raw_input
+    if call.status in ("completed", "failed"):
+        return None  # the text is the result now
+    for block in call.content:
+        inner = block.get("content") if block.get("type") == "content" else None
+        if isinstance(inner, dict) and inner.get("type") == "text":
+            parsed = _json(inner.get("text"))
+            if isinstance(parsed, dict):
+                return parsed
+    return None
+
+
+def bridge_call(call: ToolCall, known_args: dict[str, Any] | None = None) -> BridgeCall | None:
+    """The bridge tool `call` runs, or None when it is some other tool."""
+    key = tool_key_from_acp({"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind})
+    if not key.bridge:
+        return None
+    return BridgeCall(key.name, call_arguments(call) or known_args or {})
+
+
+_MAX_JSON_CHARS = 2_000_000  # a bigger result is shown as text, not parsed at each redraw
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str) and len(value) <= _MAX_JSON_CHARS and value.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict | list) else None
+
+
+def result_payload(call: ToolCall, wanted: str) -> dict[str, Any] | None:
+    """The tool's structured result holding the key `wanted`, wherever the agent put it: the
+    rawOutput (a dict, or wrapped as {"output": "<json>"}, {"result": …}, content blocks), or the
+    JSON text of its content."""
+    candidates: list[Any] = [call.raw_output]
+    for block in call.content:
+        inner = block.get("content") if block.get("type") == "content" else None
+        if isinstance(inner, dict) and inner.get("type") == "text":
+            candidates.append(inner.get("text"))
+    for candidate in candidates:
+        found = _find(candidate, wanted, depth=0)
+        if found is not None:
+            return found
+    return None
+
+
+def _find(value: Any, wanted: str, depth: int) -> dict[str, Any] | None:
+    if depth > 4:
+        return None
+    data = _json(value)
+    if isinstance(data, dict):
+        if wanted in data:
+            return data
+        for key in ("structuredContent", "output", "result", "content", "text"):
+            if key in data:
+                found = _find(data[key], wanted, depth + 1)
+                if found is not None:
+                    return found
+    elif isinstance(data, list):
+        for item in data[:8]:
+            found = _find(item, wanted, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def search_hits(call: ToolCall, limit: int = TOP_HITS) -> tuple[list[tuple[str, str]], int] | None:
+    """The top hits of a search call as (path, title), and how many it found in all; None until
+    its result is known."""
+    payload = result_payload(call, "results")
+    results = payload.get("results") if payload is not None else None
+    if not isinstance(results, list):
+        return None
+    hits = []
+    for hit in results[:limit]:
+        if isinstance(hit, dict) and isinstance(hit.get("path"), str):
+            hits.append((hit["path"], str(hit.get("title") or "")))
+    return hits, len(results)
+
+
+def summary_line(bridge: BridgeCall, call: ToolCall) -> str | None:
+    """One line of what a finished note or kiln call did, from its result."""
+    name = bridge.name
+    if name == "read_note":
+        data = result_payload(call, "total_lines")
+        if data is not None:
+            return f"lines {data.get('start_line')}–{data.get('end_line')} of {data.get('total_lines')}"
+    elif name in ("create_note", "update_note", "delete_note"):
+        data = result_payload(call, "action")
+        if data is not None:
+            return f"{data.get('action')} {data.get('path')} ({data.get('size_bytes')} bytes)"
+    elif name == "list_notes":
+        data = result_payload(call, "notes")
+        notes = data.get("notes") if data is not None else None
+        if isinstance(notes, list):
+            paths = [str(n.get("path")) for n in notes[:TOP_HITS] if isinstance(n, dict)]
+            more = int(data.get("total") or len(notes)) - len(paths) if data is not None else 0
+            return ", ".join(paths) + (f" … {more} more" if more > 0 else "")
+    elif name == "read_metadata":
+        data = result_payload(call, "frontmatter")
+        if data is not None:
+            tags = data.get("tags") or []
+            return f"{data.get('title')}" + (f" · tags: {', '.join(map(str, tags))}" if tags else "")
+    return None
+
+
+@dataclass(frozen=True)
+class ProposedWrite:
+    """A note write as a diff: the note's text before and after."""
+
+    path: str
+    old: str
+    new: str
+
+
+def proposed_write(kiln: Path, bridge: BridgeCall) -> ProposedWrite | None:
+    """What create_note / update_note would make of the note, read from the kiln now (blocking:
+    run it in a thread, before the write). None when it cannot be worked out (no path, a note
+    too big, broken frontmatter: the call's arguments are shown instead)."""
+    # ruamel.yaml, only when a note write shows up (the chat starts without it)
+    from crucible.kiln.notes import merge_frontmatter, replace_body
+
+    args = bridge.args
+    path = args.get("path")
+    if bridge.name not in WRITE_TOOLS or not isinstance(path, str) or not path:
+        return None
+    rel = path if path.endswith(".md") else path + ".md"
+    try:
+        target = resolve_in_kiln(kiln, rel, for_write=True)
+        old = ""
+        if target.is_file():
+            if target.stat().st_size > _MAX_NOTE_BYTES:
+                return None
+            old = target.read_text(encoding="utf-8", errors="replace")
+        frontmatter = args.get("frontmatter") if isinstance(args.get("frontmatter"), dict) else None
+        if bridge.name == "create_note":
+            content = args.get("content")
+            body = content if isinstance(content, str) else ""
+            new = merge_frontmatter(body, frontmatter) if frontmatter else body
+        else:
+            new = old
+            remove = [k for k in args.get("remove_keys") or [] if isinstance(k, str)]
+            if frontmatter or remove:
+                new = merge_frontmatter(new, frontmatter or {}, remove)
+            body_arg = args.get("body")
+            if isinstance(body_arg, str):
+                new = replace_body(new, body_arg)
+    except (CrucibleError, OSError, ValueError):
+        return None
+    except Exception:  # a preview must never break the chat (odd YAML values the dumper refuses)
+        return None
+    return ProposedWrite(rel, old, new)

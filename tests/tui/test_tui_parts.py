@@ -1,0 +1,219 @@
+"""Unit tests of the parts behind issue 16's screen items: word wrap, tables and code, copying
+an entry's text, kiln tool calls (titles, hits, note diffs), the dialog's key row, the prompt
+queue, the status bar's spinner."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from acp_host.session import ToolCall
+from crucible.tui.feed import diff_lines, tool_call_lines
+from crucible.tui.kiln_calls import BridgeCall, bridge_call, proposed_write, search_hits
+from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
+from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
+from crucible.tui.prompts import PromptQueue, Queued
+from crucible.tui.status import StatusBar
+from crucible.tui.transcript import TextEntry
+
+
+def texts(rows: list[list[tuple[str, str]]]) -> list[str]:
+    return ["".join(t for _, t in row) for row in rows]
+
+
+def plain(lines: list[list[tuple[str, str]]]) -> str:
+    return "\n".join("".join(t for _, t in line) for line in lines)
+
+
+# -- wrapping, tables, code --------------------------------------------------------------------
+
+
+def test_wrap_breaks_at_spaces_and_cuts_only_words_longer_than_a_row() -> None:
+    assert texts(wrap([("", "the transcript wraps mid-word markdown at eighty")], 20)) == [
+        "the transcript wraps", "mid-word markdown at", "eighty"]
+    # A word longer than a row is cut; the words after it still break at spaces.
+    assert texts(wrap([("", "aaaaaaaaaaaaaaaaaaaaaaaaa bb cc")], 10)) == ["aaaaaaaaaa", "aaaaaaaaaa", "aaaaa bb", "cc"]
+    # Styles survive the breaks.
+    rows = wrap([("a", "one two "), ("b", "three four")], 9)
+    assert rows == [[("a", "one two")], [("b", "three")], [("b", "four")]]
+    # Wide characters: cells, not characters, and a break at a space when there is one.
+    assert texts(wrap([("", "日本語 のノート ok")], 8)) == ["日本語", "のノート", "ok"]
+
+
+def test_a_table_streams_as_rows_then_is_drawn_when_it_ends() -> None:
+    entry = TextEntry("agent")
+    entry.append("| note | words |\n|:-----|------:|\n| a.md | 12 |\n")
+    shown = plain([line for line in entry.lines if not isinstance(line, str)])
+    assert "| a.md | 12 |" in shown  # still coming: as it came
+    entry.append("| b.md | 3 |\nafter the table\n")
+    drawn = [texts(wrap(line, 200))[0] for line in entry.lines if not isinstance(line, str)]
+    assert drawn == ["┌──────┬───────┐", "│ note │ words │", "├──────┼───────┤", "│ a.md │    12 │",
+                     "│ b.md │     3 │", "└──────┴───────┘", "after the table"]
+    assert table_rows(["| just | pipes |", "| no | rule |"]) is None
+
+
+def test_fenced_code_is_highlighted_by_its_language() -> None:
+    state = MarkdownState()
+    render_line("```python", state)
+    styles = {text: style for style, text in render_line("def greet(name):", state)}
+    assert "pygments.keyword" in styles["def"] and "pygments.name.function" in styles["greet"]
+    render_line("```", state)
+    render_line("```nosuchlanguage", state)
+    assert render_line("def x", state) == [(" class:md.code", "def x")]
+
+
+def test_an_entry_gives_its_text_and_code_blocks_as_they_came() -> None:
+    entry = TextEntry("agent")
+    answer = "Intro **bold**\n```sh\nls -la\n```\nthen\n~~~\nsecond\nblock\n~~~\nstill stream"
+    for piece in (answer[:7], answer[7:30], answer[30:]):
+        entry.append(piece)
+    assert entry.text() == answer
+    assert entry.code_blocks() == ["ls -la", "second\nblock"]
+
+
+# -- kiln tool calls -----------------------------------------------------------------------------
+
+
+def call(title: str, call_id: str = "c1", **fields: Any) -> ToolCall:
+    return ToolCall(call_id, title=title, kind="other", **fields)
+
+
+def test_bridge_tools_get_a_clean_title_whatever_the_agent_calls_them() -> None:
+    args = {"path": "notes/x.md", "content": "hi"}
+    for title, call_id in (("mcp__crucible__create_note", "toolu_1"),  # Claude
+                           ("crucible_create_note", "call_1"),  # OpenCode
+                           ("create_note (crucible MCP Server)", "mcp_crucible_create_note__1")):  # Gemini
+        found = bridge_call(call(title, call_id, raw_input=args))
+        assert found is not None and found.title == "create_note notes/x.md"
+        head = texts(wrap(tool_call_lines(call(title, call_id, raw_input=args))[0], 200))[0]
+        assert head.startswith("• create_note notes/x.md  [kiln]"), head
+    assert bridge_call(call("Read file.md")) is None
+    assert BridgeCall("semantic_search", {"query": "sourdough"}).title == 'semantic_search "sourdough"'
+
+
+def test_search_hits_are_found_wherever_the_agent_puts_the_result() -> None:
+    payload = {"results": [{"path": f"n{i}.md", "title": f"T{i}", "score": 1.0} for i in range(7)]}
+    text = json.dumps(payload)
+    shapes: list[dict[str, Any]] = [
+        {"content": ({"type": "content", "content": {"type": "text", "text": text}},)},  # Claude
+        {"raw_output": {"output": text}},  # OpenCode
+        {"raw_output": payload},
+        {"raw_output": {"content": [{"type": "text", "text": text}], "structuredContent": payload}},
+    ]
+    for shape in shapes:
+        found = search_hits(call("semantic_search", status="completed", **shape))
+        assert found == ([(f"n{i}.md", f"T{i}") for i in range(5)], 7), shape
+    assert search_hits(call("semantic_search", status="in_progress")) is None
+
+
+def test_a_note_write_is_diffed_against_the_note(tmp_path: Path) -> None:
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "a.md").write_text("---\ntags: [x]  # mine\n---\n# A\n\nold\n")
+    update = proposed_write(tmp_path, BridgeCall("update_note", {"path": "inbox/a.md", "body": "# A\n\nnew\n"}))
+    assert update is not None and update.old.endswith("old\n") and update.new == "---\ntags: [x]  # mine\n---\n# A\n\nnew\n"
+    fm = proposed_write(tmp_path, BridgeCall("update_note", {"path": "inbox/a", "frontmatter": {"status": "done"}}))
+    assert fm is not None and "status: done" in fm.new and fm.new.endswith("old\n")
+    new = proposed_write(tmp_path, BridgeCall("create_note", {"path": "inbox/b.md", "content": "# B\n"}))
+    assert new is not None and (new.old, new.new) == ("", "# B\n")
+    assert proposed_write(tmp_path, BridgeCall("create_note", {"path": "../escape.md", "content": "x"})) is None
+    assert proposed_write(tmp_path, BridgeCall("read_note", {"path": "inbox/a.md"})) is None
+
+
+def test_a_diff_path_is_relative_to_the_session_folder_without_doubled_slashes(tmp_path: Path) -> None:
+    block = {"type": "diff", "path": str(tmp_path / "src" / "a.py"), "oldText": None, "newText": "x = 1\n"}
+    shown = plain(diff_lines(block, cwd=tmp_path))
+    assert "--- a/src/a.py" in shown and "+++ b/src/a.py" in shown
+    outside = plain(diff_lines({**block, "path": "/elsewhere/b.py"}, cwd=tmp_path))
+    assert "--- /elsewhere/b.py" in outside and "a//" not in outside
+    # The same diff twice in a call's content is shown once.
+    twice = call("Write src/a.py", content=(block, block))
+    assert plain(tool_call_lines(twice, cwd=tmp_path)).count("+x = 1") == 1
+
+
+def test_a_long_result_is_cut_unless_expanded() -> None:
+    output = "\n".join(f"line {i}" for i in range(100))
+    done = ToolCall("t", title="Run", kind="execute", status="completed",
+                    content=({"type": "content", "content": {"type": "text", "text": output}},))
+    cut = plain(tool_call_lines(done))
+    assert "line 39" in cut and "line 40" not in cut and "… 60 more lines (Ctrl-E shows all)" in cut
+    assert "line 99" in plain(tool_call_lines(done, limit=None))
+
+
+# -- the dialog's key row, the queue, the spinner -----------------------------------------------
+
+
+def test_the_key_row_fits_and_never_splits_a_choice() -> None:
+    choices = [(key, ROW_LABELS[key], SHORT_LABELS[key]) for key in KEYS]
+    assert len(key_rows(choices, 120)) == 1
+    for width in (80, 60, 40):
+        rows = texts(key_rows(choices, width, "(+2 waiting)"))
+        assert all(len(row.rstrip()) <= width for row in rows)
+        joined = " ".join(rows)
+        assert all(label in joined for label in ROW_LABELS.values())
+    assert "save: always allow" not in " ".join(texts(key_rows(choices, 20)))  # short labels
+
+
+async def test_the_queue_holds_takes_back_and_puts_a_steer_first() -> None:
+    queue = PromptQueue(lambda: None)
+    got: list[str] = []
+
+    async def turns() -> None:
+        while True:
+            got.append((await queue.get()).text)
+
+    async with trio.open_nursery() as nursery:
+        queue.hold()
+        nursery.start_soon(turns)
+        queue.put(Queued("one"))
+        queue.put(Queued("two"))
+        queue.put(Queued("three"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # held: nothing sent
+        taken = queue.take()
+        assert taken is not None and taken.text == "three"
+        assert queue.take(5) is None
+        queue.put(Queued("steer", steer=True), first=True)
+        assert [item.text for item in queue.items] == ["steer", "one", "two"]
+        queue.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == ["steer", "one", "two"]
+        assert queue.clear() == 0
+        nursery.cancel_scope.cancel()
+
+
+def test_the_status_bar_shows_a_spinner_and_the_time_while_a_turn_runs() -> None:
+    bar = StatusBar("agent")
+    bar.state = "ready"
+    assert bar.text(None, waiting=False)[0][1].startswith(" ready")
+    bar.turn_started()
+    assert bar.turn_started_at is not None
+    bar.turn_started_at -= 3.6
+    text = bar.text(None, waiting=False)[0][1]
+    assert "running 3.6 s" in text and text.strip()[0] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+    bar.turn_stopped()
+    assert "s │" not in bar.text(None, waiting=False)[0][1]
+
+
+def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None:
+    from crucible.permissions import ToolKey
+    from crucible.sessions import PermissionAsk
+    from crucible.tui.kiln_calls import ProposedWrite
+    from crucible.tui.permissions import Pending, PermissionQueue, dialog_lines
+
+    queue = PermissionQueue(lambda: None)
+    old = "".join(f"line {i}\n" for i in range(5000))
+    pending = Pending(PermissionAsk("claude", ToolKey("update_note", bridge=True, read_only=False), "update_note",
+                                    None, {"path": "big.md", "body": "x"}),
+                      write=ProposedWrite("big.md", old, old.replace("line", "LINE")))  # 10,000 diff lines
+    queue.items.append(pending)
+    rows = dialog_lines(queue, width=80, max_rows=12)
+    shown = texts(rows)
+    assert len(rows) <= 12 and shown[0].startswith("Permission: claude wants to run update_note big.md")
+    assert "-line 0" in "\n".join(shown)
+    assert any(re.match(r"\s+… \d+ more lines", row) for row in shown) and "reject once" in " ".join(shown[-2:])
+    assert dialog_lines(queue, width=80, max_rows=12) is rows  # the same frame size: not made again
