@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from crucible.bounded_load import BoundedLoadError, load_yaml
 from crucible.errors import CrucibleError
 from crucible.permissions import Rule, normalize_rule
 from mcp_bridge import BRIDGE_NAME
 
 BUILTIN_CARDS_DIR = Path(__file__).resolve().parent.parent / "cards"
+# A card is a page of settings and instructions; anything far bigger is not one.
+MAX_CARD_BYTES = 1024 * 1024
 
 
 class CardError(CrucibleError):
@@ -217,7 +219,11 @@ def parse_card(text: str, file_label: str, *, origin: str = "builtin", stem: str
     yaml_text = "".join(lines[1:end])
     body = "".join(lines[end + 1:]).strip("\n")
     try:
-        data = YAML(typ="rt").load(yaml_text) or {}
+        data = load_yaml(yaml_text) or {}
+    except BoundedLoadError as exc:
+        where = f" at line {exc.line + 1}" if exc.line is not None else ""
+        raise CardError(f"card {file_label}: frontmatter refused{where}: {exc.reason}",
+                        "write the card's settings as plain keys and values (no aliases, little nesting)") from None
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""
@@ -266,7 +272,12 @@ def load_cards(kiln: Path | None = None, project: Path | None = None,
         for path in sorted(folder.glob("*.md")):
             label = f"{origin}:{path.name}"
             try:
-                text = path.read_text(encoding="utf-8")
+                with path.open("rb") as f:
+                    data = f.read(MAX_CARD_BYTES + 1)
+                if len(data) > MAX_CARD_BYTES:
+                    raise CardError(f"card {label}: too large (over {MAX_CARD_BYTES // 1024} KiB)",
+                                    "keep a card to its settings and instructions")
+                text = data.decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise CardError(f"card {label}: cannot be read ({exc.__class__.__name__})") from None
             card = parse_card(text, label, origin=origin, stem=path.stem)
