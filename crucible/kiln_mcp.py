@@ -148,8 +148,8 @@ class CrucibleKilnBackend:
                     "or create_note with overwrite=true to replace it"
                 )
             text = merge_frontmatter(body, frontmatter) if frontmatter else body
-            target.parent.mkdir(parents=True, exist_ok=True)
-            return self._written(target, atomic_write_text(target, text), replaced=existed)
+            digest = atomic_write_text(target, text, root=self.root, make_folders=True)
+            return self._written(target, digest, replaced=existed)
 
         return self._call(path, create)
 
@@ -179,23 +179,24 @@ class CrucibleKilnBackend:
             if body is not None:
                 text = replace_body(text, body)
             # Guard with the hash of what we read, so an edit that lands meanwhile is never lost.
-            return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash))
+            return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash,
+                                                           root=self.root))
 
         return self._call(path, update)
 
     def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome:
         def delete() -> WriteOutcome:
-            from crucible.kiln.atomic import file_hash
+            from crucible.kiln.atomic import ConcurrentEditError, remove_file
             from crucible.kiln.paths import to_rel
 
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
-            if expected_hash is not None and file_hash(target) != expected_hash:
+            rel = to_rel(self.root, target)
+            try:
+                size = remove_file(target, root=self.root, expected_hash=expected_hash)
+            except ConcurrentEditError:
                 raise EditConflictError(
                     f"'{path}' changed since you read it; it was not deleted. Read it again first"
-                )
-            size = target.stat().st_size
-            rel = to_rel(self.root, target)
-            target.unlink()
+                ) from None
             return WriteOutcome(path=rel, content_hash=None, size_bytes=size)
 
         return self._call(path, delete)

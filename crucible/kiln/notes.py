@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from ruamel.yaml.util import load_yaml_guess_indent
 from crucible.bounded_load import BoundedLoadError, bounded_yaml, load_yaml
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import content_hash as _hash
-from crucible.kiln.paths import resolve_in_kiln
+from crucible.kiln.paths import open_folder, open_in_folder, resolve_in_kiln
 
 MAX_NOTE_BYTES = 10 * 1024 * 1024
 
@@ -444,14 +445,22 @@ def read_note(root: Path, rel: str) -> Note:
     if path.is_dir():
         raise NoteReadError(f"{clean}: is a folder, not a note", reason="folder")
     try:
-        size = path.stat().st_size
-        if size > MAX_NOTE_BYTES:
-            raise NoteReadError(
-                f"{clean}: too large ({size // (1024 * 1024)} MiB; notes up to "
-                f"{MAX_NOTE_BYTES // (1024 * 1024)} MiB are read)",
-                fix="split the note into smaller notes", reason="too large",
-            )
-        with path.open("rb") as f:
+        # Opened relative to the kiln's folders, never through a symlink: a folder swapped
+        # for a link to elsewhere after the check above is refused, not read.
+        parts = path.relative_to(root.resolve()).parts
+        folder = open_folder(root, parts[:-1])
+        try:
+            fd = open_in_folder(folder, parts[-1], os.O_RDONLY)
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_NOTE_BYTES:
+                raise NoteReadError(
+                    f"{clean}: too large ({size // (1024 * 1024)} MiB; notes up to "
+                    f"{MAX_NOTE_BYTES // (1024 * 1024)} MiB are read)",
+                    fix="split the note into smaller notes", reason="too large",
+                )
             data = f.read(MAX_NOTE_BYTES + 1)
     except PermissionError as e:
         raise NoteReadError(f"{clean}: cannot be read (permission denied)",

@@ -5,9 +5,10 @@ Errors show only kiln-relative paths, never an absolute path of the person's mac
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -120,6 +121,58 @@ def resolve_in_kiln(
         raise KilnNotFoundError(f"{_show(rel)}: no such file in the kiln",
                                 fix="list the notes to find the right path", rel=rel)
     return resolved
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
+    """A file descriptor of the folder `root/parts…`, each step opened relative to the one
+    before with O_NOFOLLOW, so a folder swapped for a symlink after `resolve_in_kiln` checked
+    the path is refused (KilnPathError) instead of followed out of the kiln. `create`: make
+    missing folders on the way. The caller closes the descriptor.
+
+    `root` itself may be a symlink (a kiln kept elsewhere); `parts` must be the resolved path
+    (what `resolve_in_kiln` returns), which has no symlinks while nobody changes it."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                try:
+                    step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=fd)  # never follows a symlink there (EEXIST)
+                    except FileExistsError:
+                        pass  # made meanwhile by another writer: opened below if still a folder
+                    step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise swapped_error("/".join(parts[: i + 1])) from None
+                raise
+            os.close(fd)
+            fd = step
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666) -> int:
+    """`os.open` of `name` inside an opened folder, never through a symlink (KilnPathError)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise swapped_error(name) from None
+        raise
+
+
+def swapped_error(rel: str) -> KilnPathError:
+    return KilnPathError(f"{_show(rel)}: was replaced by a symbolic link while it was being used; "
+                         "nothing was done", fix="try again once the kiln's folders stop changing", rel=rel)
 
 
 def to_rel(root: Path, path: Path) -> str:
