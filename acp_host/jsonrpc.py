@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import trio
 
+from acp_host.safe_text import terminal_safe
+
 __all__ = [
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -325,7 +327,8 @@ class _Pending:
 
 
 def _excerpt(line: bytes) -> str:
-    text = line[:_EXCERPT].decode("utf-8", "replace")
+    # An agent's stray output must not drive the terminal that shows this log line.
+    text = terminal_safe(line[:_EXCERPT].decode("utf-8", "replace"))
     return text + ("…" if len(line) > _EXCERPT else "")
 
 

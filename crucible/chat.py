@@ -118,7 +118,9 @@ class HeadlessPrinter:
             self.out.write(json.dumps({"type": "note", "message": text}) + "\n")
             self.out.flush()
         else:
-            self.err.write(f"{text}\n")
+            from crucible.terminal import sanitize
+
+            self.err.write(sanitize(text) + "\n")  # notices carry agent-given names (modes, servers)
             self.err.flush()
 
     def show(self, event: Any) -> None:
@@ -129,10 +131,10 @@ class HeadlessPrinter:
             ToolCallEvent,
             TurnEnded,
         )
-        from crucible.terminal import sanitize
+        from crucible.terminal import json_safe, sanitize
 
         if self.fmt == "json":
-            self.out.write(json.dumps(event_json(event), ensure_ascii=False) + "\n")
+            self.out.write(json_safe(json.dumps(event_json(event), ensure_ascii=False)) + "\n")
             self.out.flush()
             return
         if isinstance(event, MessageChunk):

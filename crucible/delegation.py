@@ -614,7 +614,7 @@ def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
     """`[child claude › reviewer] ...` lines on `err` (text), or one JSON object per child event
     on `out` (`--format json`: {"type": "child_event", "label", "job", "session", "depth", "event"})."""
     from crucible.chat import event_json
-    from crucible.terminal import sanitize
+    from crucible.terminal import json_safe, sanitize
 
     pending: dict[str, str] = {}  # job -> message text not yet ended by a newline
 
@@ -632,9 +632,9 @@ def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
         if fmt == "json":
             payload = ({"type": "child_status", "status": e.status, "detail": e.detail}
                        if isinstance(e, ChildStatus) else event_json(e))
-            out.write(json.dumps({"type": "child_event", "label": ev.label, "job": ev.job_id,
-                                  "session": ev.session_id, "depth": ev.depth, "event": payload},
-                                 ensure_ascii=False) + "\n")
+            out.write(json_safe(json.dumps({"type": "child_event", "label": ev.label, "job": ev.job_id,
+                                            "session": ev.session_id, "depth": ev.depth, "event": payload},
+                                           ensure_ascii=False)) + "\n")
             out.flush()
             return
         if isinstance(e, MessageChunk):

@@ -106,3 +106,114 @@ def descendants(pid: int) -> set[int]:
 
 
 sys.path.insert(0, str(REPO / "fixtures"))
+
+
+class RawAcp:
+    """An editor speaking raw NDJSON to `cru acp` (a real subprocess in its own session): every
+    frame it sends is exactly what the test wrote, every frame it gets is kept in order."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, stderr_path: Path) -> None:
+        import queue
+        import subprocess
+        import threading
+
+        self.stderr_path = stderr_path
+        self._stderr = stderr_path.open("wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                     env=env, cwd=cwd, start_new_session=True)
+        self.frames: list[Any] = []
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._ids = iter(range(1, 1 << 30))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        import json
+
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                frame = {"not_json": line.decode("utf-8", "replace")}
+            self._queue.put(frame)
+        self._queue.put(None)
+
+    def send(self, frame: Any) -> None:
+        import json
+
+        assert self.proc.stdin is not None
+        data = frame if isinstance(frame, bytes) else json.dumps(frame).encode()
+        self.proc.stdin.write(data + b"\n")
+        self.proc.stdin.flush()
+
+    def next_frame(self, timeout: float = 30) -> Any:
+        import queue
+
+        try:
+            frame = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no frame from cru acp within {timeout} s; stderr: {self.stderr()[-2000:]}") from None
+        if frame is None:
+            raise AssertionError(f"cru acp closed its output; stderr: {self.stderr()[-2000:]}")
+        self.frames.append(frame)
+        return frame
+
+    def wait_for(self, pred: Callable[[Any], bool], timeout: float = 30) -> Any:
+        deadline = time.monotonic() + timeout
+        for frame in self.frames:
+            if pred(frame):
+                return frame
+        while True:
+            frame = self.next_frame(max(0.01, deadline - time.monotonic()))
+            if pred(frame):
+                return frame
+
+    def request(self, method: str, params: Any = None, timeout: float = 60) -> Any:
+        """Send a request, answer the agent's own requests meanwhile (permission: reject), and
+        return the response (result or error) to ours."""
+        req_id = next(self._ids)
+        frame: dict[str, Any] = {"jsonrpc": "2.0", "id": req_id, "method": method}
+        if params is not None:
+            frame["params"] = params
+        self.send(frame)
+        return self.wait_for(lambda f: isinstance(f, dict) and f.get("id") == req_id and "method" not in f, timeout)
+
+    def initialize(self) -> Any:
+        return self.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+
+    def stderr(self) -> str:
+        if not self._stderr.closed:
+            self._stderr.flush()
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def close(self, timeout: float = 20) -> int:
+        import signal
+        import subprocess
+
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+        finally:
+            self._stderr.close()
+
+
+def script_file(tmp: Path, data: dict[str, Any], name: str = "script.json") -> Path:
+    import json
+
+    path = tmp / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def scripted_command(script: Path) -> str:
+    import shlex
+
+    return shlex.join([sys.executable, str(SCRIPTED), str(script)])
