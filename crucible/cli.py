@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if key in SAFE_STDOUT and not isinstance(stdout, SafeStream):
         sys.stdout = SafeStream(stdout)
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is then caught below
+        return code
     except KeyboardInterrupt:
         return 130
     except BaseException as exc:  # noqa: B036 - trio nurseries wrap errors in groups

@@ -140,8 +140,10 @@ def test_load_cards_names_a_card_too_big_to_be_one(tmp_path: Path) -> None:
     folder = tmp_path / "kiln" / ".crucible" / "agents"
     folder.mkdir(parents=True)
     (folder / "huge.md").write_text("---\ndescription: big\n---\n" + "x" * (2 << 20))
-    with pytest.raises(CardError, match=r"card kiln:huge\.md: too large"):
-        load_cards(tmp_path / "kiln", env={"HOME": str(tmp_path)})
+    problems: list[CardError] = []
+    cards = load_cards(tmp_path / "kiln", env={"HOME": str(tmp_path)}, problems=problems)
+    assert "huge" not in cards and "librarian" in cards
+    assert [p.message for p in problems] == ["card kiln:huge.md: too large (over 1024 KiB)"]
 
 
 # -- config -------------------------------------------------------------------------------------
