@@ -37,6 +37,7 @@ import trio
 from acp_host.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     ConnectionClosed,
@@ -76,6 +77,9 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
+# The methods served here, refused until `initialize` (an unknown one is -32601 either way).
+_AFTER_INITIALIZE = frozenset({"session/new", "session/load", "session/resume", "session/list", "session/close",
+                               "session/prompt", "session/set_config_option", "session/set_mode", "authenticate"})
 # Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
 # Every other update goes to the editor as the backend wrote it (`_Forwarder.raw_frame`).
 _SPLICED = ("available_commands_update", "config_option_update")
@@ -400,6 +404,7 @@ class AcpAgentServer:
         self.peer: JsonRpcPeer | None = None
         self.editor_caps: Any = {}
         self.editor_methods: set[str] = set()
+        self.initialized = False
         self.sessions: dict[str, ProxySession] = {}
         self._host: BridgeHost | None = None
         self._host_lock = trio.Lock()
@@ -476,6 +481,8 @@ class AcpAgentServer:
         p: dict[str, Any] = params if isinstance(params, dict) else {}
         if method == "initialize":
             return self.initialize(p)
+        if not self.initialized and method in _AFTER_INITIALIZE:  # no backend starts before the hello
+            raise JsonRpcError(INVALID_REQUEST, f"{method} before initialize: send initialize first")
         await self._warmed()
         if method == "session/new":
             return await self.new_session(p)
@@ -499,12 +506,13 @@ class AcpAgentServer:
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     async def on_notification(self, method: str, params: Any) -> None:
-        if method == "session/cancel" and isinstance(params, dict):
+        if method == "session/cancel" and self.initialized and isinstance(params, dict):
             proxy = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
             if proxy is not None and self.peer is not None:
                 self.peer.start_soon(proxy.cs.cancel)
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.initialized = True
         self.editor_caps = params.get("clientCapabilities") or {}
         self.editor_methods = _editor_methods(self.editor_caps)
         agent = getattr(self.args, "agent", None)
