@@ -29,6 +29,7 @@ import trio
 from acp_host.registry import AgentSpec
 from crucible.errors import CrucibleError
 from crucible.permissions import (
+    GATED_KINDS,
     READ_ONLY_BRIDGE_TOOLS,
     PermissionPolicy,
     ToolKey,
@@ -196,6 +197,8 @@ class CrucibleSession:
         self.bridge_listed = trio.Event()
         self.warnings: list[str] = []  # for the person: shown by `cru chat`, sent to the editor by `cru acp`
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
+        # ACP tool kind (execute, edit) -> fs/terminal requests the person approved this turn
+        self._service_preapproved: dict[str, int] = {}
         self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
@@ -226,7 +229,43 @@ class CrucibleSession:
                 self.policy.remember(key.name, "deny")
         if key.bridge and decision.kind.startswith("allow"):
             self._preapproved[key.name] = self._preapproved.get(key.name, 0) + 1
+        elif decision.kind.startswith("allow") and key.name in GATED_KINDS:
+            # The agent asked first, as it should: its fs/terminal request that follows this
+            # turn is not asked about again (see `gate_service`).
+            self._service_preapproved[key.name] = self._service_preapproved.get(key.name, 0) + 1
         return decision
+
+    async def gate_service(self, method: str, kind: str, summary: str, params: Any) -> str | None:
+        """The agent's terminal/create or fs/write_text_file, before it runs: the policy (card,
+        config, remembered answers, `--deny-all`) decides, as for a tool call of that kind,
+        whether or not the agent asked over ACP. None: it runs; else why it is refused."""
+        key = ToolKey(kind, bridge=False, read_only=False, summary=summary)
+        decided = self.policy.decide(key)
+        if decided.rule == "allow":
+            return None
+        if decided.rule == "deny":
+            self._tell_refusal(kind, summary, decided.reason)
+            return decided.reason
+        if self._service_preapproved.get(kind, 0) > 0:
+            self._service_preapproved[kind] -= 1
+            return None
+        title = f"{'run' if kind == 'execute' else 'write'} {summary}"
+        decision = await self.opts.asker(PermissionAsk(self.label, key, title, None,
+                                                       {"method": method, "what": summary}))
+        if decision.kind == "allow_always":
+            self.policy.remember(kind, "allow")
+        elif decision.kind == "reject_always":
+            self.policy.remember(kind, "deny")
+        self.writer.append({"type": "permission", "title": title, "decision": decision.kind,
+                            "reason": decision.reason, "via": method})
+        if decision.kind.startswith("allow"):
+            return None
+        self._tell_refusal(kind, summary, decision.reason)
+        return decision.reason or "refused"
+
+    def _tell_refusal(self, kind: str, summary: str, reason: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(f"[permission] {kind} {summary}: refused ({reason})")
 
     def warn(self, message: str) -> None:
         """Something the person should know that does not stop the session; saved with it."""
@@ -290,6 +329,7 @@ class CrucibleSession:
         try:
             return await self.acp.prompt(blocks)
         finally:
+            self._service_preapproved.clear()  # an approval never outlives its turn
             # The turn is over: so are its children (not when this prompt was refused because
             # another turn is running: those children are that turn's).
             if self.delegation is not None and not self.acp.turn_running:
@@ -341,6 +381,14 @@ class CrucibleSession:
             w.append({"type": "plan", "entries": [e.model_dump(mode="json") for e in event.entries]})  # type: ignore[union-attr]
         elif type(event).__name__ == "SessionError":
             w.append({"type": "error", "message": event.message})  # type: ignore[union-attr]
+        elif type(event).__name__ == "ServiceCall":
+            kind = "terminal" if event.method == "terminal/create" else "file_write"  # type: ignore[union-attr]
+            w.append({"type": kind, "what": event.summary,  # type: ignore[union-attr]
+                      "status": "started" if event.allowed else "refused",  # type: ignore[union-attr]
+                      "reason": event.reason})  # type: ignore[union-attr]
+        elif type(event).__name__ == "TerminalExited":
+            w.append({"type": "terminal", "what": event.command, "status": "exited",  # type: ignore[union-attr]
+                      "exit_code": event.exit_code, "signal": event.signal})  # type: ignore[union-attr]
 
 
 def _args_summary(arguments: dict[str, Any]) -> str:
@@ -462,6 +510,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
                 acp = await _start_acp_session(session, client, servers)
                 session.acp = acp
+                acp.service_gate = session.gate_service
                 writer.meta.agent_session_id = acp.session_id
                 writer.save_meta()
                 await _apply_card_settings(session, acp)
