@@ -137,6 +137,14 @@ def _md_line(event: Mapping[str, Any]) -> str:
         return f"- tool `{event.get('title', '')}` ({event.get('kind', 'other')}): {event.get('status', '')}"
     if kind == "permission":
         return f"- permission for `{event.get('title', '')}`: {event.get('decision', '')} ({event.get('reason', '')})"
+    if kind in ("terminal", "file_write"):
+        what = "terminal" if kind == "terminal" else "write"
+        if event.get("status") == "exited":
+            end = (f"exit {event['exit_code']}" if event.get("exit_code") is not None
+                   else f"killed by {event.get('signal')}")
+            return f"- {what} `{event.get('what', '')}`: {end}"
+        reason = f" ({event.get('reason')})" if event.get("reason") else ""
+        return f"- {what} `{event.get('what', '')}`: {event.get('status', '')}{reason}"
     if kind == "turn_end":
         return f"*turn ended: {event.get('stop_reason', '')}*"
     if kind == "error":
