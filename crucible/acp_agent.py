@@ -49,6 +49,7 @@ from acp_host.jsonrpc import (
 )
 from crucible import __version__
 from crucible.errors import CrucibleError
+from crucible.permissions import GATED_KINDS
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
@@ -919,7 +920,8 @@ class AcpAgentServer:
             options = _PERMISSION_OPTIONS
             params = {"sessionId": editor_id, "options": options, "toolCall": {
                 "toolCallId": f"crucible-ask-{next(self._ask_ids)}", "title": f"{ask.label}: {ask.title}",
-                "kind": "other" if ask.key.read_only else "edit", "status": "pending", "rawInput": ask.arguments}}
+                "kind": ask.key.name if ask.key.name in GATED_KINDS
+                else "other" if ask.key.read_only else "edit", "status": "pending", "rawInput": ask.arguments}}
         try:
             result = await peer.request("session/request_permission", params)
         except ConnectionClosed:
