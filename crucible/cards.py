@@ -183,9 +183,10 @@ class Card(BaseModel):
                         f"or run the card with an agent that supports {server.type} MCP servers "
                         "(the card's `agent:` or `cru chat -a`)")
                 if not filled["url"].startswith(_HTTP_SCHEMES):
+                    # The value itself is not shown: it came from the environment and may hold a token.
                     raise CardError(
-                        f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r} is "
-                        f"{filled['url']!r} once filled in from the environment, not an http:// or https:// address",
+                        f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r}, "
+                        "once filled in from the environment, is not an http:// or https:// address",
                         f"set the variable to the server's address (http://host:port/path), or change "
                         f"mcp_servers[{i}].url in card {self.file or self.name}")
                 headers = [HttpHeader(name=k, value=v) for k, v in filled["headers"].items()]

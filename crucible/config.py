@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crucible.bounded_load import BoundedLoadError, load_toml
 from crucible.errors import CrucibleError
+from crucible.redaction import remember_secret
 
 # Strict: TOML already has types, so "3" for an integer is a mistake worth reporting,
 # not something to coerce silently.
@@ -171,6 +172,7 @@ def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str],
                     "which is not set",
                     fix=f"set {name} in the environment, or change {_dotted(loc)} in {file}",
                 )
+            remember_secret(env[name])  # shown or saved from now on as ***
             return env[name]
 
         return _ENV_REF.sub(sub, value)

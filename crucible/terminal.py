@@ -1,7 +1,7 @@
 """Terminal safety: agent text never drives the person's terminal.
 
-`sanitize` (from acp_host.safe_text: control characters and bidi controls made visible) is
-applied to every agent-, note-, card- or server-derived string before it reaches a terminal:
+`sanitize` (secrets redacted, then acp_host.safe_text: control characters and bidi controls
+made visible) is applied to every agent-, note-, card- or server-derived string before it reaches a terminal:
 messages, tool titles, errors, notices, and — through `install_log_handler` — every log line
 of the `cru` process, whichever module logs it.
 """
@@ -14,10 +14,15 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from acp_host.safe_text import json_safe, terminal_safe
+from crucible.redaction import redact
 
 __all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "sanitize"]
 
-sanitize = terminal_safe
+
+
+def sanitize(text: str) -> str:
+    """`text` safe for a terminal: secrets redacted, control and bidi characters made visible."""
+    return terminal_safe(redact(text))
 
 
 class SafeFormatter(logging.Formatter):
