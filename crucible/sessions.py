@@ -35,6 +35,7 @@ from crucible.permissions import (
     ToolKey,
     tool_key_from_acp,
 )
+from crucible.redaction import redact, remember_secret
 from crucible.session_store import SessionMeta, SessionStore, SessionWriter, new_session_id
 from mcp_bridge import BRIDGE_NAME
 
@@ -435,7 +436,13 @@ def preload() -> None:
 
 
 def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
-    """One clear message with the fix for an agent that cannot start or refuses us."""
+    """One clear message with the fix for an agent that cannot start or refuses us (secrets in
+    the command or the agent's output redacted: it goes to terminals and editors)."""
+    err = _explain_start_failure(spec, exc)
+    return CrucibleError(redact(err.message), redact(err.fix) if err.fix else None)
+
+
+def _explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
     from acp_host.registry import auth_hint, install_hint
 
     text = str(exc)
@@ -489,6 +496,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     session.bridge = bridge
     delegation = Delegation.attach(session, host)
     token = new_token()
+    remember_secret(token)  # never shown or saved in the clear (recordings, logs, errors)
     base = f"/s/{session.id}"
     await host.mount(opts.kiln, bridge, token, base)
     try:
@@ -496,7 +504,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
             try:
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
-                    name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record,
+                    name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record, record_redact=redact,
                     process=process,
                 )
             except (AgentStartError, OSError) as exc:
