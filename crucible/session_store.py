@@ -5,7 +5,8 @@ Each session is a folder `DATA/sessions/<id>/` with
 - `events.jsonl`  every event, one JSON object a line (message chunks coalesced)
 - `transcript.md` the conversation as markdown, readable without Crucible
 Writes are appends plus an atomic rewrite of session.json, so a crash loses at most the
-event being written.
+event being written. Files are 0600 in 0700 folders, and secrets (`crucible.redaction`) are
+written as ***.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from crucible.errors import CrucibleError
+from crucible.private_files import open_private, private_dir
+from crucible.redaction import redact
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
@@ -57,12 +60,12 @@ def new_session_id() -> str:
 class SessionWriter:
     """Appends one session's events and transcript. Not thread-safe; one owner."""
 
-    def __init__(self, folder: Path, meta: SessionMeta) -> None:
+    def __init__(self, folder: Path, meta: SessionMeta, *, own_up_to: Path | None = None) -> None:
         self.folder = folder
         self.meta = meta
-        folder.mkdir(parents=True, exist_ok=True)
-        self._events: IO[str] = open(folder / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self._md: IO[str] = open(folder / "transcript.md", "a", encoding="utf-8")  # noqa: SIM115
+        private_dir(folder, own_up_to=own_up_to)
+        self._events: IO[str] = open_private(folder / "events.jsonl", "a", encoding="utf-8")
+        self._md: IO[str] = open_private(folder / "transcript.md", "a", encoding="utf-8")
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
@@ -74,7 +77,8 @@ class SessionWriter:
     def save_meta(self) -> None:
         self.meta.updated = time.time()
         tmp = self.folder / ".session.json.tmp"
-        tmp.write_text(json.dumps(asdict(self.meta), indent=2), encoding="utf-8")
+        with open_private(tmp, "w", encoding="utf-8") as f:
+            f.write(redact(json.dumps(asdict(self.meta), indent=2)))
         os.replace(tmp, self.folder / "session.json")
 
     def append(self, event: Mapping[str, Any]) -> None:
@@ -91,7 +95,7 @@ class SessionWriter:
             return
         self._flush_pending()
         record = {"t": round(time.time(), 3), **event}
-        self._events.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._events.write(redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
         self._write_md(str(kind), _md_line(record))
         if kind == "turn_end":
             self.meta.turns += 1
@@ -101,13 +105,14 @@ class SessionWriter:
     def _flush_pending(self) -> None:
         if self._pending is not None:
             self._pending["text"] = "".join(self._pending_text)
-            self._events.write(json.dumps(self._pending, ensure_ascii=False, default=str) + "\n")
+            self._events.write(redact(json.dumps(self._pending, ensure_ascii=False, default=str)) + "\n")
             self._pending = None
             self._pending_text = []
 
     def _write_md(self, kind: str, text: str) -> None:
         if not text:
             return
+        text = redact(text)
         section = {"user_message": "## You", "agent_message": "## Agent",
                    "agent_thought": "### Thinking"}.get(kind)
         if section is None:
@@ -159,12 +164,14 @@ def _md_line(event: Mapping[str, Any]) -> str:
 class SessionStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or sessions_root()
+        # Folders that are Crucible's own, made 0700 even if they exist: the data dir by default.
+        self._own = self.root.parent if root is None else self.root
 
     def create(self, meta: SessionMeta) -> SessionWriter:
-        return SessionWriter(self.root / meta.id, meta)
+        return SessionWriter(self.root / meta.id, meta, own_up_to=self._own)
 
     def reopen(self, session_id: str) -> SessionWriter:
-        return SessionWriter(self.root / session_id, self.meta(session_id))
+        return SessionWriter(self.root / session_id, self.meta(session_id), own_up_to=self._own)
 
     def list(self) -> list[SessionMeta]:
         out = []
