@@ -382,9 +382,12 @@ def _user_error(exc: BaseException) -> CrucibleError | ValueError | None:
 
 
 def _rpc_error(err: CrucibleError | ValueError) -> JsonRpcError:
+    from crucible.redaction import redact  # what goes to the editor holds no secret
+
     if isinstance(err, CrucibleError):
-        return JsonRpcError(INTERNAL_ERROR, str(err), {"message": err.message, "fix": err.fix})
-    return JsonRpcError(INVALID_PARAMS, str(err))
+        return JsonRpcError(INTERNAL_ERROR, redact(str(err)),
+                            {"message": redact(err.message), "fix": redact(err.fix) if err.fix else None})
+    return JsonRpcError(INVALID_PARAMS, redact(str(err)))
 
 
 def _iso(ts: float) -> str:
