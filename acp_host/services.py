@@ -27,6 +27,7 @@ from acp import schema
 from pydantic import BaseModel, ValidationError
 
 from acp_host.jsonrpc import JsonRpcError
+from acp_host.reaper import unwatch_group, watch_group
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -239,6 +240,7 @@ class SessionServices:
             )
         except OSError as e:
             raise JsonRpcError(INTERNAL_ERROR, f"cannot start {req.command}: {e.strerror}") from None
+        watch_group(process.pid)  # stopped by the host's watchdog if the host dies first
         self._next_terminal += 1
         term = _Terminal(f"term-{self._next_terminal}", process, limit)
         self._terminals[term.terminal_id] = term
@@ -306,6 +308,7 @@ class SessionServices:
         term.reader_scope.cancel()
         with trio.CancelScope(shield=True):
             await term.exited.wait()
+        unwatch_group(term.process.pid)
 
     def output_so_far(self, terminal_id: str) -> str | None:
         """What a terminal printed so far (within its byte limit), or None once it is released."""
