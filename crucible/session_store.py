@@ -4,8 +4,11 @@ Each session is a folder `DATA/sessions/<id>/` with
 - `session.json`  what it was: agent, card, cwd, the agent's own session id, title, times
 - `events.jsonl`  every event, one JSON object a line (message chunks coalesced)
 - `transcript.md` the conversation as markdown, readable without Crucible
-Writes are appends plus an atomic rewrite of session.json, so a crash loses at most the
-event being written. Files are 0600 in 0700 folders, and secrets (`crucible.redaction`) are
+Writes are appends plus an atomic rewrite of session.json. They reach the file as they
+happen: at once for the prompt, every tool call, permission and turn end, and within
+`FLUSH_EVERY` seconds for streamed text (a chunked event still growing is then written, and
+the text that follows goes in an event marked `"cont": true`), so a crash (kill -9 included)
+loses at most the last second of streamed text. Files are 0600 in 0700 folders, and secrets (`crucible.redaction`) are
 written as ***.
 """
 
@@ -28,6 +31,11 @@ from crucible.redaction import redact
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
+# Written through to the file at once (a prompt is whole; a tool call is where a crash hurts).
+_FLUSH_NOW = frozenset({"user_message", "tool_call", "permission", "terminal", "file_write", "turn_end",
+                        "error", "warning"})
+# Streamed text reaches the file at most this long after it came (seconds).
+FLUSH_EVERY = 1.0
 
 
 @dataclass
@@ -69,6 +77,8 @@ class SessionWriter:
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
+        self._unflushed_since: float | None = None  # monotonic time of the oldest unflushed write
+        self._split: str | None = None  # a chunked event cut by a timed flush: the next one continues it
         if self._md.tell() == 0:
             self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
                            + (f" · card: {meta.card}" if meta.card else "") + f" · cwd: {meta.cwd}\n")
@@ -83,24 +93,46 @@ class SessionWriter:
 
     def append(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if self._unflushed_since is None:
+            self._unflushed_since = time.monotonic()
         if kind in _CHUNKED:
             text = str(event.get("text", ""))
             if self._pending is not None and self._pending["type"] == kind:
                 self._pending_text.append(text)
             else:
                 self._flush_pending()
-                self._pending = {"t": round(time.time(), 3), **event, "text": ""}
+                cont = {"cont": True} if self._split == kind else {}
+                self._pending = {"t": round(time.time(), 3), **event, "text": "", **cont}
                 self._pending_text = [text]
+            self._split = None
             self._write_md(kind, text)
+            if kind == "user_message":
+                if not self.meta.title and text.strip():
+                    self.meta.title = text.strip().splitlines()[0][:80]
+                self.flush()
+                self.save_meta()  # the title is known: a crash mid-turn still lists the session
+            else:
+                self.flush_due()
             return
+        self._split = None
         self._flush_pending()
         record = {"t": round(time.time(), 3), **event}
         self._events.write(redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
         self._write_md(str(kind), _md_line(record))
         if kind == "turn_end":
             self.meta.turns += 1
+        if kind in _FLUSH_NOW:
             self.flush()
+        if kind == "turn_end":
             self.save_meta()
+
+    def flush_due(self) -> None:
+        """Flush when something written is `FLUSH_EVERY` seconds old (call it at least that often)."""
+        since = self._unflushed_since
+        if since is not None and time.monotonic() - since >= FLUSH_EVERY:
+            if self._pending is not None:
+                self._split = self._pending["type"]
+            self.flush()
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
@@ -128,6 +160,7 @@ class SessionWriter:
         self._flush_pending()
         self._events.flush()
         self._md.flush()
+        self._unflushed_since = None
 
     def close(self) -> None:
         self.flush()
@@ -229,11 +262,17 @@ class SessionStore:
             except CrucibleError:
                 break
         lines: list[str] = []
+        last = ""
         for ev in (ev for sid in reversed(chain) for ev in self.events(sid)):
-            if ev.get("type") == "user_message":
+            kind = ev.get("type")
+            if kind in ("user_message", "agent_message") and ev.get("cont") and last == kind and lines:
+                lines[-1] += str(ev.get("text", ""))  # the rest of a message cut by a timed flush
+            elif kind == "user_message":
                 lines.append(f"User: {ev.get('text', '')}")
-            elif ev.get("type") == "agent_message":
+            elif kind == "agent_message":
                 lines.append(f"Assistant: {ev.get('text', '')}")
+            if kind in ("user_message", "agent_message"):
+                last = kind
         text = "\n\n".join(lines)
         return text[-max_chars:]
 
