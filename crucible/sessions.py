@@ -511,6 +511,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 raise explain_start_failure(opts.agent, exc) from None
             session.client = client
             client.on_update = opts.on_update
+            nursery.start_soon(_flush_transcript, writer)
             try:
                 entry = _bridge_entry(client, host.url(base), token)
                 session.bridge_transport = "http" if "url" in entry else "stdio"
@@ -541,6 +542,16 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     finally:
         host.unmount(opts.kiln, bridge, base)
         writer.close()
+
+
+async def _flush_transcript(writer: SessionWriter) -> None:
+    """Streamed text reaches the session's files within a second, even while nothing else comes
+    (a crash then loses at most that second; see SessionWriter)."""
+    from crucible.session_store import FLUSH_EVERY
+
+    while True:
+        await trio.sleep(FLUSH_EVERY / 2)
+        writer.flush_due()
 
 
 def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
