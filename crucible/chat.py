@@ -163,14 +163,20 @@ class HeadlessPrinter:
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
     # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
     # it boots while we import.
+    from crucible import hard_stop
     from crucible.sessions import preload, spawn_agent
 
     printer = HeadlessPrinter(fmt)
+    ended = None
     async with trio.open_nursery() as owner:
+        owner.start_soon(hard_stop.stop_on_signals, owner.cancel_scope)  # SIGTERM/SIGHUP: stop now
         process = await spawn_agent(owner, opts)
         process.exit_grace = HEADLESS_EXIT_GRACE
         await trio.to_thread.run_sync(preload)
         ended, _ = await _one_turn(opts, text, printer, process)
+        owner.cancel_scope.cancel()
+    if hard_stop.received:
+        return hard_stop.exit_code()
     return _exit_code(opts, ended, printer)
 
 
@@ -197,7 +203,7 @@ async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any
 
         async def on_sigint(cancel_scope: trio.CancelScope) -> None:
             nonlocal cancelled_by_user
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.open_signal_receiver(signal.SIGINT) as signals:  # SIGTERM: crucible.hard_stop
                 async for _ in signals:
                     if not cancelled_by_user:
                         cancelled_by_user = True
