@@ -26,7 +26,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -47,7 +46,7 @@ from acp_host.jsonrpc import (
     Response,
     encode,
 )
-from crucible import __version__
+from crucible import __version__, hard_stop
 from crucible.errors import CrucibleError
 from crucible.permissions import GATED_KINDS
 
@@ -427,7 +426,8 @@ class AcpAgentServer:
         self.peer = peer
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
+            nursery.start_soon(hard_stop.stop_on_signals, nursery.cancel_scope)  # SIGTERM, SIGHUP
+            nursery.start_soon(hard_stop.stop_when_orphaned, nursery.cancel_scope)  # the editor died
             await peer.run()
             # The editor closed the pipe: end every session and its backend.
             nursery.cancel_scope.cancel()
@@ -439,12 +439,6 @@ class AcpAgentServer:
         # gets JSON-RPC's parse error with a null id, so the editor sees why nothing happened.
         if self.peer is not None and reason.startswith("not JSON"):
             self.peer.reply_soon(Response(None, error=JsonRpcError(PARSE_ERROR, f"parse error: {reason}")))
-
-    async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
-            async for _ in signals:
-                scope.cancel()
-                return
 
     async def _bridge_host(self) -> BridgeHost:
         async with self._host_lock:
