@@ -373,6 +373,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """`cru mcp [--kiln DIR] [--http | --sse] [--port N]`."""
     import trio
 
+    from crucible import hard_stop
     from crucible.config import load_config, resolve_kiln
     from mcp_bridge.tools import log_to_stderr
 
@@ -382,17 +383,20 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
         token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
         try:
-            trio.run(relay_stdio, args.connect, token)
+            trio.run(hard_stop.run_stoppable, relay_stdio, args.connect, token)
         except RelayError as exc:
             raise CrucibleError(str(exc), "check that the session is running and its bridge URL") from None
         return 0
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)
     bridge = build_bridge(root, config)
+    # SIGTERM/SIGHUP stop at once; over stdio the parent's death does too (an HTTP server
+    # started by hand is its own master).
     if args.http or args.sse:
-        trio.run(_serve_http, bridge, args.port, "sse" if args.sse else "http")
+        trio.run(partial(hard_stop.run_stoppable, orphan_check=False), _serve_http, bridge, args.port,
+                 "sse" if args.sse else "http")
     else:
-        trio.run(bridge.serve_stdio)
+        trio.run(hard_stop.run_stoppable, bridge.serve_stdio)
     return 0
 
 
