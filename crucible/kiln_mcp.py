@@ -363,10 +363,25 @@ def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
 # --- the command ----------------------------------------------------------------------------
 
 
-def build_bridge(root: Path, config: Config | None = None) -> Any:
+def build_bridge(root: Path, config: Config | None = None, gateway: Any = None, plugins: Any = None) -> Any:
+    """`cru mcp`'s bridge: the kiln tools, the Lua plugins' tools, the upstreams of `gateway`. The config's
+    `[permissions]` deny rules hide tools here too; `ask` is left to the MCP client, which asks
+    its own person."""
+    from mcp_bridge.gateway import file_root
     from mcp_bridge.server import BridgeServer
 
-    return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS)
+    policy = None
+    if config is not None and config.permissions:
+        from crucible.permissions import PermissionPolicy, ToolKey
+
+        rules = PermissionPolicy(config_rules=dict(config.permissions))
+
+        def policy(name: str) -> Any:
+            return "deny" if rules.decide(ToolKey(name, bridge=True, read_only=True)).rule == "deny" else "allow"
+
+    return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS,
+                        policy=policy, gateway=gateway, roots=[file_root(str(root))],
+                        tool_sources=[plugins] if plugins is not None else [])
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -377,6 +392,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from crucible.config import load_config, resolve_kiln
     from mcp_bridge.tools import log_to_stderr
 
+    if getattr(args, "print_config", None):  # a client's config snippet, not a server
+        from crucible.mcp_clients import print_config
+
+        return print_config(args)
     log_to_stderr()
     if getattr(args, "connect", None):
         from mcp_bridge.server import RelayError, relay_stdio
@@ -389,15 +408,29 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return 0
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)
-    bridge = build_bridge(root, config)
     # SIGTERM/SIGHUP stop at once; over stdio the parent's death does too (an HTTP server
     # started by hand is its own master).
-    if args.http or args.sse:
-        trio.run(partial(hard_stop.run_stoppable, orphan_check=False), _serve_http, bridge, args.port,
-                 "sse" if args.sse else "http")
-    else:
-        trio.run(hard_stop.run_stoppable, bridge.serve_stdio)
+    stdio = not (args.http or args.sse)
+    trio.run(partial(hard_stop.run_stoppable, orphan_check=stdio), _serve, root, config, args)
     return 0
+
+
+async def _serve(root: Path, config: Config, args: argparse.Namespace) -> None:
+    import trio
+
+    from crucible.mcp_gateway import build_gateway
+    from crucible.plugins.host import load_all
+
+    gateway = build_gateway(config)
+    plugins = await trio.to_thread.run_sync(load_all, config)
+    for failed in plugins.failed():
+        print(f"cru mcp: plugin {failed.name} not loaded: {failed.reason}", file=sys.stderr)
+    async with gateway.running():
+        bridge = build_bridge(root, config, gateway, plugins)
+        if args.http or args.sse:
+            await _serve_http(bridge, args.port, "sse" if args.sse else "http")
+        else:
+            await bridge.serve_stdio()
 
 
 async def _serve_http(bridge: Any, port: int, transport: str) -> None:

@@ -32,14 +32,14 @@ class SafeFormatter(logging.Formatter):
         return sanitize(super().format(record))
 
 
-def install_log_handler(prefix: str = "cru: ", level: int = logging.WARNING) -> None:
-    """Log records of WARNING and above go to stderr as `prefix + message`, sanitized (the
-    root logger's one handler; a second call changes nothing)."""
+def install_log_handler(fmt: str = "cru: %(message)s", level: int = logging.WARNING) -> None:
+    """Log records of `level` and above go to stderr formatted by `fmt`, sanitized (the root
+    logger's one handler; a second call changes nothing)."""
     root = logging.getLogger()
     if any(isinstance(h.formatter, SafeFormatter) for h in root.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(SafeFormatter(prefix.replace("%", "%%") + "%(message)s"))
+    handler.setFormatter(SafeFormatter(fmt))
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > level:
         root.setLevel(level)

@@ -18,6 +18,7 @@ from typing import Any
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
+from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import kiln_sizes
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, SearchResult, run_search
 
@@ -125,6 +126,7 @@ def _summary(report: IndexReport, index: KilnIndex) -> str:
 def cmd_index(args: argparse.Namespace) -> int:
     root, config = _setup(args)
     rebuild = bool(getattr(args, "rebuild", False))
+    ensure_model_for(config.embedder.provider)  # an installed cru fetches its weights once
     index = KilnIndex.open(root, config, rebuild=rebuild)
     try:
         progress = _progress_bar if sys.stderr.isatty() else _progress_lines

