@@ -43,7 +43,13 @@ def _all_gone(pids: set[int], timeout: float) -> set[int]:
         if not alive:
             return set()
         time.sleep(0.02)
-    return {p for p in pids if pid_alive(p)}
+    alive = {p for p in pids if pid_alive(p)}
+    for p in alive:  # reported to the test, then stopped: a failing test leaves nothing running
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return alive
 
 
 def _agent_pids(root: int) -> set[int]:

@@ -93,7 +93,14 @@ def _left(pids: set[int], timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
-    return [_cmdline(p) for p in pids if pid_alive(p)]
+    left = [p for p in pids if pid_alive(p)]
+    shown = [_cmdline(p) for p in left]
+    for p in left:  # reported to the test, then stopped: a failing test leaves nothing running
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return shown
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL])
