@@ -82,6 +82,8 @@ def _ensure() -> IO[bytes] | None:
             [sys.executable, "-I", "-S", "-c", _WATCHDOG],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
+            env={},  # it needs none, and holds no copy of the person's keys
+            cwd="/",  # nor keeps a folder busy
         )
     except OSError as exc:
         logger.warning("could not start the watchdog that stops agents if this process dies: %s", exc)
