@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RawAcp, descendants, pid_alive, script_file, scripted_command, wait_until
+from conftest import REPO, RawAcp, descendants, pid_alive, script_file, scripted_command, wait_until
 
 # An agent that streams, starts a tool call, streams more, then waits for ever: it ignores
 # session/cancel's wish to wrap up and keeps running when its stdin closes (as Claude does).
@@ -244,3 +244,33 @@ def test_a_signal_stops_cru_mcp_at_once(cru_bin: str, clean_env: dict[str, str],
         if proc.poll() is None:
             proc.kill()
     assert took < STOP_BOUND and code == 0, (took, code)
+
+
+# An upstream MCP server that leaves a process running once its stdin closes (as a wrapper
+# script that starts the real server and then something else would): the SDK's server exits
+# on EOF, the shell that ran it then sleeps on.
+UPSTREAM = REPO / "tests" / "gateway" / "gateway_upstream.py"
+
+
+def test_kill_9_of_cru_mcp_takes_its_upstream_servers(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                      tmp_path: Path) -> None:
+    shell = f"'{sys.executable}' '{UPSTREAM}' stdio; sleep 3600"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                      f'command = "/bin/sh"\nargs = ["-c", {json.dumps(shell)}]\n')
+    client = RawAcp([cru_bin, "--config", str(config), "mcp", "--kiln", str(kiln)], clean_env, tmp_path,
+                    tmp_path / "mcp.err")
+    try:
+        client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                      "clientInfo": {"name": "t", "version": "1"}})
+        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        tools = client.request("tools/list", {})  # the first listing starts the upstreams
+        assert "up_add" in json.dumps(tools), tools
+        tree = descendants(client.proc.pid)
+        assert any("gateway_upstream.py" in _cmdline(p) for p in tree), [_cmdline(p) for p in tree]
+        client.proc.kill()
+        client.proc.wait(10)
+        left = _all_gone(tree, 5)
+    finally:
+        client.close()
+    assert not left, f"left running after cru mcp was killed: {[_cmdline(p) for p in left]}"
