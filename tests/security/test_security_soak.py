@@ -122,7 +122,10 @@ def test_twenty_sessions_two_hundred_turns_with_backends_killed(cru_bin: str, cl
 
         for slot in range(SESSIONS):
             open_slot(slot)
-        turns = kills = 0
+        figures["sessions"] = SESSIONS
+        figures["before"] = {"rss_kib": _rss_kib(pid), "fds": _fds(pid), "processes": len(descendants(pid))}
+        figures["rounds"] = []
+        turns = kills = events = 0
         started = time.monotonic()
         for rnd in range(ROUNDS):
             prompts = {}
@@ -138,6 +141,7 @@ def test_twenty_sessions_two_hundred_turns_with_backends_killed(cru_bin: str, cl
                 kills += 1
             answers, updates = editor.collect(set(prompts))
             turns += len(prompts)
+            events += len(updates)
             by_session: dict[str, list[str]] = {}
             for params in updates:
                 update = params["update"]
@@ -158,6 +162,7 @@ def test_twenty_sessions_two_hundred_turns_with_backends_killed(cru_bin: str, cl
                 closed = editor.send("session/close", {"sessionId": slots[victim]})
                 editor.collect({closed})
                 open_slot(victim)
+            figures["rounds"].append({"rss_kib": _rss_kib(pid), "fds": _fds(pid)})
             if rnd == 0:
                 figures["after round 1"] = {"rss_kib": _rss_kib(pid), "fds": _fds(pid),
                                             "processes": len(descendants(pid))}
@@ -165,7 +170,7 @@ def test_twenty_sessions_two_hundred_turns_with_backends_killed(cru_bin: str, cl
         # The killed backends are reaped: the tree settles back to its size after round 1.
         wait_until(lambda: len(descendants(pid)) <= figures["after round 1"]["processes"], 10, "the tree to settle")
         figures["end"] = {"rss_kib": _rss_kib(pid), "fds": _fds(pid), "processes": len(descendants(pid))}
-        figures["turns"], figures["kills"] = turns, kills
+        figures["turns"], figures["kills"], figures["session_updates"] = turns, kills, events
     finally:
         code = editor.close()
     print("soak figures:", json.dumps(figures))

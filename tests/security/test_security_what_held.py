@@ -3,7 +3,7 @@ real `cru mcp` (stdio and HTTP), `cru acp` and `cru chat -p`. (Held items alread
 elsewhere: fs/* outside the roots — tests/acp_session/test_acp_services.py; permission answers
 after a turn or a cancel — tests/acp_session, tests/acp_agent; an agent that never answers
 initialize — tests/acp_session/test_acp_session_agent.py; an interrupted index resumes and two
-indexers are refused — tests/index/test_index_build.py.)"""
+indexers are refused — tests/index/test_index_build.py, and here with real processes.)"""
 
 from __future__ import annotations
 
@@ -223,3 +223,45 @@ def test_a_100_mb_stderr_flood_neither_blocks_nor_bloats_a_turn(chat: Any) -> No
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "echo: hello"
     assert len(done.stderr) < 100_000  # the agent's stderr is drained, not echoed
+
+
+@pytest.mark.slow
+def test_a_second_indexer_is_refused_and_a_killed_one_resumes(cru_bin: str, clean_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    """With real processes: while `cru kiln index` embeds, a second one is refused with the
+    reason (no traceback); kill -9 of the first leaves an index the next run completes."""
+    kiln = tmp_path / "kiln"
+    kiln.mkdir()
+    notes = 120  # 240 chunks: seconds of embedding, time for a second indexer to try
+    for i in range(notes):
+        (kiln / f"n{i}.md").write_text(f"# Note {i}\n\n{' '.join(f'word{j}' for j in range(80))}\n\n"
+                                       f"## Part\n\nquokka{i} marmalade\n")
+    argv = [cru_bin, "kiln", "index", "--kiln", str(kiln)]
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env,
+                             start_new_session=True)
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:  # progress lines (stderr is not a terminal)
+            if line.startswith(f"index: scanned {notes}/{notes}"):
+                break  # the store is open and locked: embedding starts
+        second = subprocess.run(argv, capture_output=True, text=True, env=clean_env, timeout=120)
+        assert first.poll() is None, "the first indexer ended before it could be interrupted"
+        first.kill()
+        assert first.wait(10) == -9
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert second.returncode == 1 and "Traceback" not in second.stderr
+    assert "being updated by another process" in second.stderr, second.stderr
+    again = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=clean_env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert report["notes_seen"] == notes and report["notes_indexed"] + report["notes_unchanged"] == notes
+    info = subprocess.run([cru_bin, "kiln", "info", "--json", "--kiln", str(kiln)], capture_output=True, text=True,
+                          env=clean_env, timeout=120)
+    index = json.loads(info.stdout)["index"]
+    assert index["status"] == "up to date" and index["notes"] == notes and index["stale"] == 0, index
+    found = subprocess.run([cru_bin, "kiln", "search", f"quokka{notes - 1} marmalade", "--mode", "text", "--json",
+                            "--kiln", str(kiln)], capture_output=True, text=True, env=clean_env, timeout=120)
+    assert f"n{notes - 1}.md" in found.stdout, found.stderr
