@@ -15,6 +15,7 @@ by `ChatFeed` (feed.py).
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
 from prompt_toolkit.layout.menus import CompletionsMenu
 
+from crucible import hard_stop
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
 from crucible.session_store import SessionStore
@@ -245,5 +247,10 @@ def run_tui(opts: SessionOptions) -> int:
     except OSError:
         history = InMemoryHistory()
     ui = ChatUI(replace(opts, store=opts.store or SessionStore()), history)
-    result = run_with_trio(ui.app, ui.loop.main)
+    try:
+        result = run_with_trio(ui.app, ui.loop.main)
+    except OSError as exc:
+        if exc.errno != errno.EIO or not hard_stop.received:
+            raise
+        return hard_stop.exit_code()  # the terminal closed (SIGHUP): none left to restore
     return result or 0

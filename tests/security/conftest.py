@@ -19,15 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
 
 
-def _sessions_conftest() -> Any:
-    spec = importlib.util.spec_from_file_location("sessions_conftest", REPO / "tests" / "sessions" / "conftest.py")
+def _area_conftest(area: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"{area}_conftest", REPO / "tests" / area / "conftest.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-ChatRunner = _sessions_conftest().ChatRunner
+ChatRunner = _area_conftest("sessions").ChatRunner  # `cru chat -p` with the scripted agent
+Screen = _area_conftest("tui").Screen  # `cru chat` on a pty, its screen read by pyte
 
 # A billion-laughs YAML (nine levels of nine aliases: 387 million values once expanded, 383 bytes).
 BOMB_YAML = "".join(

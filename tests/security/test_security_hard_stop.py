@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, RawAcp, descendants, pid_alive, script_file, scripted_command, wait_until
+from conftest import (
+    REPO,
+    RawAcp,
+    Screen,
+    descendants,
+    pid_alive,
+    script_file,
+    scripted_command,
+    wait_until,
+)
 
 # An agent that streams, starts a tool call, streams more, then waits for ever: it ignores
 # session/cancel's wish to wrap up and keeps running when its stdin closes (as Claude does).
@@ -274,3 +283,64 @@ def test_kill_9_of_cru_mcp_takes_its_upstream_servers(cru_bin: str, clean_env: d
     finally:
         client.close()
     assert not left, f"left running after cru mcp was killed: {[_cmdline(p) for p in left]}"
+
+
+def _chat_mid_turn(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path, *, stderr_to: Path | None = None) -> Any:
+    """Interactive `cru chat` on a pty, mid-turn with the stalling agent (its stderr in a file
+    when given: a closed terminal shows nothing)."""
+    script = script_file(tmp, STALLING)
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
+    if stderr_to is not None:
+        argv = ["/bin/sh", "-c", f'exec "$@" 2>"{stderr_to}"', "sh", *argv]
+    screen = Screen(argv, {**env, "TERM": "xterm-256color"}, tmp, cols=100, rows=30)
+    screen.wait_for("ready", timeout=60)
+    screen.type_line("my question, kept")
+    screen.wait_for("and after it", timeout=60)
+    return screen
+
+
+def test_sigterm_stops_the_interactive_chat_and_gives_the_terminal_back(cru_bin: str, clean_env: dict[str, str],
+                                                                      kiln: Path, tmp_path: Path) -> None:
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru) | {cru}
+        assert _agent_pids(cru)
+        started = time.monotonic()
+        os.kill(cru, signal.SIGTERM)
+        code = screen.wait_exit(30)
+        took = time.monotonic() - started
+    finally:
+        screen.close()
+    assert took < STOP_BOUND, f"cru chat took {took:.1f} s to stop on SIGTERM"
+    assert code == 128 + signal.SIGTERM
+    assert not _all_gone(tree, 2)
+    # The person's terminal is as it was: the full-screen view left, the cursor shown.
+    assert screen.raw.rfind(b"\x1b[?1049l") > screen.raw.rfind(b"\x1b[?1049h") >= 0
+    assert screen.raw.rfind(b"\x1b[?25h") > screen.raw.rfind(b"\x1b[?25l")
+    events = (_session_folder(clean_env) / "events.jsonl").read_text()
+    assert "my question, kept" in events and "and after it" in events
+
+
+def test_closing_the_terminal_of_the_interactive_chat_keeps_the_turn_and_says_nothing(
+        cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    err = tmp_path / "chat.err"
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path, stderr_to=err)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru) | {cru}
+        assert _agent_pids(cru)
+        screen.child.close(force=False)  # the window closes: the pty goes away, SIGHUP
+        left = _all_gone(tree, STOP_BOUND)
+    finally:
+        screen.close()
+    assert not left, f"left running after the terminal closed: {[_cmdline(p) for p in left]}"
+    assert "Traceback" not in err.read_text()  # no error restoring a terminal that is gone
+    events = (_session_folder(clean_env) / "events.jsonl").read_text()
+    assert "my question, kept" in events and "and after it" in events
+
+
+def _cru_pid(pid: int) -> int:
+    """`cru` itself: `pid`, or the process it exec'd into (the same pid), once it runs."""
+    wait_until(lambda: "cru" in _cmdline(pid) and "chat" in _cmdline(pid), 10, "cru chat to run")
+    return pid

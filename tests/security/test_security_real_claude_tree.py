@@ -7,7 +7,6 @@ LLM then hangs on the next prompt for the busy cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,12 +15,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import agent_env  # noqa: E402  (fixtures/, put on sys.path by conftest)
 import netns  # noqa: E402
 import pytest
-from conftest import REPO, descendants, pid_alive, wait_until
+from conftest import Screen, descendants, pid_alive, wait_until
 from fake_llm import FakeLLM, Reply  # noqa: E402
 
 pytestmark = [pytest.mark.real_agent, pytest.mark.slow]
@@ -125,21 +123,12 @@ def test_chat_p_with_claude_leaves_nothing_behind(cru_bin: str, clean_env: dict[
     assert took < STOP_BOUND, f"cru chat -p took {took:.1f} s to stop on {sig.name}"
 
 
-def _tui_screen() -> Any:
-    spec = importlib.util.spec_from_file_location("tui_conftest", REPO / "tests" / "tui" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Screen
-
-
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-turn"])
 def test_closing_the_terminal_of_cru_chat_with_claude_leaves_nothing_behind(
         cru_bin: str, clean_env: dict[str, str], small_kiln: Path, one_turn_llm: FakeLLM, tmp_path: Path,
         busy: bool) -> None:
-    screen_class = _tui_screen()
     env = {**_claude_env(one_turn_llm, tmp_path, clean_env), "TERM": "xterm-256color"}
-    screen = screen_class(_wrap([cru_bin, "chat", "-a", "claude", "--kiln", str(small_kiln)], one_turn_llm),
+    screen = Screen(_wrap([cru_bin, "chat", "-a", "claude", "--kiln", str(small_kiln)], one_turn_llm),
                           env, tmp_path, cols=120, rows=30)
     try:
         screen.wait_for("ready", timeout=90)
