@@ -42,6 +42,7 @@ from prompt_toolkit.layout.menus import CompletionsMenu
 from crucible import hard_stop
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
+from crucible.private_files import open_private, private_dir
 from crucible.session_store import SessionStore
 from crucible.sessions import CrucibleSession, SessionOptions
 from crucible.tui.agent import AgentLoop
@@ -241,8 +242,8 @@ def run_tui(opts: SessionOptions) -> int:
                             "run it in a terminal, or use `cru chat -p \"your question\"` in scripts")
     history: History
     try:
-        folder = data_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(data_dir())
+        open_private(folder / "chat-history", "a").close()  # the person's prompts: 0600
         history = FileHistory(str(folder / "chat-history"))
     except OSError:
         history = InMemoryHistory()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import SCRIPTED
+from conftest import SCRIPTED, Screen, script_file, scripted_command
 
 from crucible.private_files import FILE_MODE, FOLDER_MODE
 
@@ -133,3 +133,26 @@ def test_a_config_cru_writes_is_private(tmp_path: Path) -> None:
         os.umask(old)
     assert _mode(path) == FILE_MODE and _mode(path.parent) == FOLDER_MODE
     assert 'create_note = "allow"' in path.read_text()
+
+
+def test_the_chat_history_is_private(cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    """The prompts typed in `cru chat` (kept for the up arrow) are the person's: 0600 in a 0700 folder."""
+    script = script_file(tmp_path, {"prompts": [[{"text": "noted"}]]})
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
+    old = os.umask(0o022)
+    try:
+        screen = Screen(argv, {**clean_env, "TERM": "xterm-256color"}, tmp_path, cols=100, rows=30)
+    finally:
+        os.umask(old)
+    try:
+        screen.wait_for("ready", timeout=60)
+        screen.type_line("my api key is hunter2")
+        screen.wait_for("noted", timeout=60)
+        screen.send("\x04")  # Ctrl-D leaves
+        assert screen.wait_exit() == 0
+    finally:
+        screen.close()
+    data = Path(clean_env["XDG_DATA_HOME"]) / "crucible"
+    history = data / "chat-history"
+    assert "my api key is hunter2" in history.read_text()
+    assert _mode(history) == FILE_MODE and _mode(data) == FOLDER_MODE
