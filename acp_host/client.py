@@ -440,14 +440,17 @@ async def connect_agent(
     client_name: str = "crucible",
     max_line_bytes: int = 64 * 1024 * 1024,
     process: AgentProcess | None = None,
+    record_redact: Callable[[str], str] | None = None,
 ) -> AcpClient:
     """Start the agent `argv`, connect, and initialize it. The client (and the agent process)
     live in `nursery`; `await client.aclose()` ends them. Raises AgentStartError naming the
     command, with its stderr tail, if the agent cannot start, exits, refuses or does not
     answer initialize within `init_timeout` seconds. `process`: an agent already started
-    from `argv` (a host spawns early to overlap the agent's boot with its own imports)."""
+    from `argv` (a host spawns early to overlap the agent's boot with its own imports).
+    `record_redact`: masks the host's secrets in the recording (see `Recorder`)."""
     command = shlex.join(argv)
-    recorder = await Recorder.open(record_to, agent=command) if record_to is not None else None
+    recorder = (await Recorder.open(record_to, agent=command, redact=record_redact)
+                if record_to is not None else None)
     try:
         if process is None:
             process = await AgentProcess.start(

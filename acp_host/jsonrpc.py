@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import trio
 
+from acp_host.safe_text import terminal_safe
+
 __all__ = [
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -211,10 +213,12 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """Not a JSON-RPC message. `id` is set when the sender expects an answer to it."""
+    """Not a JSON-RPC message. `id` is set when the sender expects an answer to it;
+    `answer_null` when it expects one but its id cannot be echoed (JSON-RPC: reply with null)."""
 
     reason: str
     id: RequestId | None = None
+    answer_null: bool = False
 
 
 Message = Request | Notification | Response | Invalid
@@ -246,7 +250,7 @@ def classify(obj: Any) -> Message:
         has_id = "id" in obj
         msg_id = obj.get("id")
         if has_id and not _valid_id(msg_id):
-            return Invalid("request id must be an integer or a string")
+            return Invalid("request id must be an integer or a string", answer_null=True)
         echo = msg_id if has_id else None
         if not isinstance(method, str):
             return Invalid("method must be a string", echo)
@@ -265,6 +269,8 @@ def classify(obj: Any) -> Message:
         return Response(msg_id, result=obj.get("result"))
     if "id" in obj and _valid_id(obj["id"]):
         return Invalid("missing method", obj["id"])
+    if "id" in obj:
+        return Invalid("missing method, and the id is not an integer or a string", answer_null=True)
     return Invalid("neither a request, a notification nor a response")
 
 
@@ -327,7 +333,8 @@ class _Pending:
 
 
 def _excerpt(line: bytes) -> str:
-    text = line[:_EXCERPT].decode("utf-8", "replace")
+    # An agent's stray output must not drive the terminal that shows this log line.
+    text = terminal_safe(line[:_EXCERPT].decode("utf-8", "replace"))
     return text + ("…" if len(line) > _EXCERPT else "")
 
 
@@ -496,7 +503,7 @@ class JsonRpcPeer:
             self._deliver(msg)
         else:
             self._invalid_line(line, msg.reason)
-            if msg.id is not None:
+            if msg.id is not None or msg.answer_null:
                 self.reply_soon(Response(msg.id, error=JsonRpcError(INVALID_REQUEST, msg.reason)))
 
     async def _dispatch_notification(self, method: str, params: Any) -> None:

@@ -1,6 +1,10 @@
 """Spawn an agent: its own process group, the person's environment, stderr drained, teardown.
 
 `AgentProcess` owns one agent subprocess and everything it started in its process group.
+The group is also given to the host's watchdog (`acp_host.reaper`), which stops it if the
+host dies without tearing down (kill -9, a closed terminal). `stop_all_now()` is for a host
+told to stop (SIGTERM, SIGHUP): every agent group gets SIGTERM at once and teardowns skip the
+exit grace, so the host is gone within ~1 s (SIGKILL follows for what ignores SIGTERM).
 Its lifetime is tied to the nursery given to `start()`: when that nursery is cancelled the
 process is torn down too, so no exit path (cancel, exception, agent crash) leaves a
 process, a zombie or a pipe behind. Teardown (`aclose`): close stdin, wait `grace`
@@ -15,13 +19,16 @@ import shutil
 import signal
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import trio
 
-__all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths"]
+from acp_host.reaper import unwatch_group, watch_group
+
+__all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths", "stop_all_now"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +141,21 @@ def _resolve(command: str, path: str, cwd: Path | None) -> str:
     return found
 
 
+_live: weakref.WeakSet[AgentProcess] = weakref.WeakSet()
+_stopping = False
+
+
+def stop_all_now() -> None:
+    """The host was told to stop: SIGTERM every live agent's group now, and make every
+    teardown from here on skip the exit grace (callable from a signal handler's task)."""
+    global _stopping
+    _stopping = True
+    for agent in list(_live):
+        agent.exit_grace = 0
+        if not agent.exited.is_set():
+            agent._signal_group(signal.SIGTERM)
+
+
 class AgentProcess:
     """A running agent. Use `await AgentProcess.start(nursery, argv)`, then `async with`."""
 
@@ -162,7 +184,9 @@ class AgentProcess:
         self._closed = trio.Event()
         # Some agents never exit on stdin EOF (claude-agent-acp): a host that has nothing
         # more to ask of the agent (one headless turn) may lower this.
-        self.exit_grace = DEFAULT_EXIT_GRACE
+        self.exit_grace = 0.0 if _stopping else DEFAULT_EXIT_GRACE
+        watch_group(self.pgid)
+        _live.add(self)
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else f"exited {self.returncode}"
@@ -294,7 +318,7 @@ class AgentProcess:
                 await self._closed.wait()
                 return
             self._closing = True
-            await self._teardown(self.exit_grace if grace is None else grace)
+            await self._teardown(0.0 if _stopping else self.exit_grace if grace is None else grace)
 
     async def _teardown(self, grace: float) -> None:
         try:
@@ -316,6 +340,9 @@ class AgentProcess:
             await self._close_stream(self.stdout)
             assert self._process.stderr is not None
             await self._close_stream(self._process.stderr)
+            if not self._group_alive():
+                unwatch_group(self.pgid)  # else the watchdog keeps it, in case we die
+            _live.discard(self)
             self._closed.set()
 
     async def _reap(self) -> None:

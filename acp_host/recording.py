@@ -4,6 +4,10 @@ Format: a header line `{"recording": 1, "agent": "<command>", "started": "<ISO t
 one line per frame: `{"t_ms": <ms since start>, "dir": "in" | "out", "frame": {...}}`, where
 "in" is agent -> client and "out" is client -> agent.
 
+Secrets: the values of every `env` entry and `headers` entry of `mcpServers` (in session/new,
+load and resume) are written as "***" (that is where bearer tokens and keys travel), and a
+host can pass `redact` to mask whatever else it knows to be secret. The file is created 0600.
+
 Recording hooks into the JSON-RPC peer's `tap` (called with every frame read or written).
 When recording is off the peer has no tap and pays nothing. When on, the tap only appends
 the frame to a list; `Recorder.run()` writes batches from a worker thread.
@@ -58,9 +62,11 @@ class Recorder:
     the peer, run `recorder.run()` in a nursery, and `await recorder.aclose()` at the end
     (it flushes)."""
 
-    def __init__(self, file: TextIO, path: Path, *, agent: str) -> None:
+    def __init__(self, file: TextIO, path: Path, *, agent: str,
+                 redact: Callable[[str], str] | None = None) -> None:
         self.path = path
         self.agent = agent
+        self._redact = redact
         self._file = file
         self._start = time.monotonic()
         self._lines: list[str] = []
@@ -68,8 +74,10 @@ class Recorder:
         self._closed = False
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, agent: str) -> Recorder:
-        """Create the recording file (replacing one there) and write its header."""
+    async def open(cls, path: str | os.PathLike[str], *, agent: str,
+                   redact: Callable[[str], str] | None = None) -> Recorder:
+        """Create the recording file 0600 (replacing one there) and write its header.
+        `redact`: applied to every line written (the header's agent command included)."""
         header = {
             "recording": RECORDING_VERSION,
             "agent": agent,
@@ -77,16 +85,21 @@ class Recorder:
         }
 
         def create() -> TextIO:
-            f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in aclose)
-            f.write(json.dumps(header) + "\n")
+            # The person's prompts, files and keys go in here: readable by them only.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)  # a file that was there keeps its mode otherwise
+            f = os.fdopen(fd, "w", encoding="utf-8")
+            line = json.dumps(header)
+            f.write((redact(line) if redact is not None else line) + "\n")
             return f
 
-        return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent)
+        return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent, redact=redact)
 
     def tap(self, direction: Literal["in", "out"], msg: Any) -> None:
         t_ms = round((time.monotonic() - self._start) * 1000, 3)
-        record = {"t_ms": t_ms, "dir": direction, "frame": frame_of(msg)}
-        self._lines.append(json.dumps(record, separators=(",", ":"), default=str))
+        record = {"t_ms": t_ms, "dir": direction, "frame": _mask_mcp_servers(frame_of(msg))}
+        line = json.dumps(record, separators=(",", ":"), default=str)
+        self._lines.append(self._redact(line) if self._redact is not None else line)
         self._wakeup.set()
 
     def _write(self, lines: list[str]) -> None:
@@ -113,6 +126,29 @@ class Recorder:
         with trio.CancelScope(shield=True):
             await self._flush()
             await trio.to_thread.run_sync(self._file.close)
+
+
+_MASK = "***"
+
+
+def _mask_mcp_servers(frame: Any) -> Any:
+    """The frame with the values of its mcpServers' `env` and `headers` entries masked (a copy;
+    the frame itself goes on to the agent unchanged)."""
+    params = frame.get("params") if isinstance(frame, dict) else None
+    if not isinstance(params, dict) or not isinstance(params.get("mcpServers"), list):
+        return frame
+    servers = params["mcpServers"]
+    masked = []
+    for server in servers:
+        if isinstance(server, dict):
+            server = dict(server)
+            for key in ("env", "headers"):
+                entries = server.get(key)
+                if isinstance(entries, list):
+                    server[key] = [{**e, "value": _MASK} if isinstance(e, dict) and "value" in e else e
+                                   for e in entries]
+        masked.append(server)
+    return {**frame, "params": {**params, "mcpServers": masked}}
 
 
 def load_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -13,6 +13,7 @@ object owns every terminal it started: `aclose()` kills them all (the session ca
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -26,6 +27,7 @@ from acp import schema
 from pydantic import BaseModel, ValidationError
 
 from acp_host.jsonrpc import JsonRpcError
+from acp_host.reaper import unwatch_group, watch_group
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -36,6 +38,25 @@ DEFAULT_OUTPUT_LIMIT = 4 * 1024 * 1024
 cannot hold unbounded memory."""
 
 _SHELL_CHARS = set(" \t|&;<>()$`\\\"'*?[]#~=%")
+
+# The agent's requests that change something, and the ACP tool kind each amounts to: a host
+# gives them to its permission policy before they run (`AcpSession.service_gate`), so a
+# rule or a "no" holds whether or not the agent asked first with session/request_permission.
+GATED_METHODS: dict[str, str] = {"terminal/create": "execute", "fs/write_text_file": "edit"}
+
+
+def describe_request(method: str, params: Any) -> str:
+    """What a gated request would do, in one line for the person: the command line (and its
+    folder when not the session's), or the file path."""
+    p = params if isinstance(params, dict) else {}
+    if method == "terminal/create":
+        command = str(p.get("command", ""))
+        args = p.get("args") if isinstance(p.get("args"), list) else []
+        line = shlex.join([command, *map(str, args)]) if args else command
+        return f"{line} (in {p['cwd']})" if isinstance(p.get("cwd"), str) and p["cwd"] else line
+    if method == "fs/write_text_file":
+        return str(p.get("path", ""))
+    return method
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -96,6 +117,8 @@ class SessionServices:
         self._env = dict(os.environ if env is None else env)
         self._terminals: dict[str, _Terminal] = {}
         self._next_terminal = 0
+        # Told when a terminal's command exits: (terminalId, {"exitCode", "signal"}).
+        self.on_exit: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self._closed = False
         self._handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "fs/read_text_file": self.read_text_file,
@@ -217,6 +240,7 @@ class SessionServices:
             )
         except OSError as e:
             raise JsonRpcError(INTERNAL_ERROR, f"cannot start {req.command}: {e.strerror}") from None
+        watch_group(process.pid)  # stopped by the host's watchdog if the host dies first
         self._next_terminal += 1
         term = _Terminal(f"term-{self._next_terminal}", process, limit)
         self._terminals[term.terminal_id] = term
@@ -240,6 +264,8 @@ class SessionServices:
         else:
             term.exit_status = {"exitCode": code, "signal": None}
         term.exited.set()
+        if self.on_exit is not None:
+            await self.on_exit(term.terminal_id, dict(term.exit_status))
 
     async def terminal_output(self, params: Any) -> dict[str, Any]:
         term = self._terminal(params, schema.TerminalOutputRequest, "terminal/output")
@@ -282,6 +308,7 @@ class SessionServices:
         term.reader_scope.cancel()
         with trio.CancelScope(shield=True):
             await term.exited.wait()
+        unwatch_group(term.process.pid)
 
     def output_so_far(self, terminal_id: str) -> str | None:
         """What a terminal printed so far (within its byte limit), or None once it is released."""

@@ -43,6 +43,7 @@ from acp import schema
 from pydantic import BaseModel, ValidationError
 
 from acp_host.jsonrpc import REQUEST_CANCELLED, ConnectionClosed, JsonRpcError
+from acp_host.services import GATED_METHODS, describe_request
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 DEFAULT_INACTIVITY_TIMEOUT = 300.0
 DEFAULT_CANCEL_TIMEOUT = 30.0
 DEFAULT_EVENT_BUFFER = 1024
+# The JSON-RPC error a gated fs/terminal request gets when the host's policy refuses it.
+SERVICE_REFUSED = -32000
 _DATA_CAP = 2000
 
 # ---------------------------------------------------------------------------------------
@@ -212,6 +215,29 @@ class SessionError:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceCall:
+    """A gated fs/terminal request of the agent (see `acp_host.services.GATED_METHODS`):
+    what it would do, and whether the host's gate let it run (else why not)."""
+
+    method: str
+    kind: str  # "execute" | "edit"
+    summary: str  # the command line, or the path
+    allowed: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalExited:
+    """A terminal the agent started has exited (seen by our services, or in the answer of the
+    editor that runs it)."""
+
+    terminal_id: str
+    command: str
+    exit_code: int | None
+    signal: str | None
+
+
 Event = (
     MessageChunk
     | ThoughtChunk
@@ -229,7 +255,12 @@ Event = (
     | HistoryReplay
     | TurnEnded
     | SessionError
+    | ServiceCall
+    | TerminalExited
 )
+# Decides a gated fs/terminal request before it runs: (method, kind, summary, params) ->
+# None to let it run, or the reason it is refused.
+ServiceGate = Callable[[str, str, str, Any], Awaitable[str | None]]
 
 TurnResult = TurnEnded
 PermissionPolicy = Callable[[PermissionRequest], Awaitable[Decision]]
@@ -428,6 +459,12 @@ class AcpSession:
         self.state = SessionState()
         self.tool_calls = ToolCallTracker()
         self.services = services
+        self.service_gate: ServiceGate | None = None
+        self._terminal_commands: dict[str, str] = {}  # terminalId -> command line, until it exits
+        self._early_exits: dict[str, dict[str, Any]] = {}  # exits seen before the create answer
+        self._told_exits: set[str] = set()
+        if services is not None and hasattr(services, "on_exit"):
+            services.on_exit = self._terminal_exit
         self.policy: PermissionPolicy = policy or deny_all
         self.inactivity_timeout = inactivity_timeout
         self.cancel_timeout = cancel_timeout
@@ -574,15 +611,53 @@ class AcpSession:
 
     # -- agent -> client requests ---------------------------------------------------------
     async def serve(self, method: str, params: Any) -> Any:
-        """fs/* and terminal/* for this session; the watchdog pauses while they run."""
+        """fs/* and terminal/* for this session; the watchdog pauses while they run. A request
+        that changes something goes through `service_gate` first (when set)."""
         if self.services is None:
             raise JsonRpcError(-32601, f"Method not found: {method}")
         self._busy += 1
         try:
-            return await self.services.handle(method, params)
+            kind = GATED_METHODS.get(method)
+            summary = describe_request(method, params) if kind is not None else ""
+            if kind is not None and self.service_gate is not None:
+                refusal = await self.service_gate(method, kind, summary, params)
+                await self._emit(ServiceCall(method, kind, summary, refusal is None, refusal or ""))
+                if refusal is not None:
+                    raise JsonRpcError(SERVICE_REFUSED, f"permission denied: {refusal}")
+            result = await self.services.handle(method, params)
+            await self._observe_terminal(method, params, result, summary)
+            return result
         finally:
             self._busy -= 1
             self._touch()
+
+    async def _observe_terminal(self, method: str, params: Any, result: Any, summary: str) -> None:
+        """Keep each terminal's command until its exit status is seen (from our services, or
+        from the answers of an editor that runs the terminal)."""
+        if not isinstance(result, dict):
+            return
+        if method == "terminal/create" and isinstance(result.get("terminalId"), str):
+            self._terminal_commands[result["terminalId"]] = summary
+            early = self._early_exits.pop(result["terminalId"], None)
+            if early is not None:  # a quick command ended before its create was answered
+                await self._terminal_exit(result["terminalId"], early)
+            return
+        status = result if method == "terminal/wait_for_exit" else result.get("exitStatus")
+        term_id = params.get("terminalId") if isinstance(params, dict) else None
+        if isinstance(status, dict) and isinstance(term_id, str):
+            await self._terminal_exit(term_id, status)
+
+    async def _terminal_exit(self, terminal_id: str, status: dict[str, Any]) -> None:
+        command = self._terminal_commands.pop(terminal_id, None)
+        if command is None:
+            if terminal_id not in self._told_exits and len(self._early_exits) < 64:
+                self._early_exits[terminal_id] = status
+            return
+        self._told_exits.add(terminal_id)
+        code = status.get("exitCode")
+        sig = status.get("signal")
+        await self._emit(TerminalExited(terminal_id, command, code if type(code) is int else None,
+                                        sig if isinstance(sig, str) else None))
 
     async def handle_permission(self, params: dict[str, Any]) -> dict[str, Any]:
         """`session/request_permission`: ask the policy, map its decision by kind."""

@@ -27,7 +27,6 @@ import gc
 import itertools
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import trio
 from acp_host.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     ConnectionClosed,
@@ -45,9 +45,10 @@ from acp_host.jsonrpc import (
     JsonRpcPeer,
     Response,
 )
-from crucible import __version__
+from crucible import __version__, hard_stop
 from crucible.acp_forward import CoalescingSendStream, UpdateForwarder
 from crucible.errors import CrucibleError
+from crucible.permissions import GATED_KINDS
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
@@ -83,6 +84,9 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
+# The methods served here, refused until `initialize` (an unknown one is -32601 either way).
+_AFTER_INITIALIZE = frozenset({"session/new", "session/load", "session/resume", "session/list", "session/close",
+                               "session/prompt", "session/set_config_option", "session/set_mode", "authenticate"})
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -224,9 +228,12 @@ def _user_error(exc: BaseException) -> CrucibleError | ValueError | None:
 
 
 def _rpc_error(err: CrucibleError | ValueError) -> JsonRpcError:
+    from crucible.redaction import redact  # what goes to the editor holds no secret
+
     if isinstance(err, CrucibleError):
-        return JsonRpcError(INTERNAL_ERROR, str(err), {"message": err.message, "fix": err.fix})
-    return JsonRpcError(INVALID_PARAMS, str(err))
+        return JsonRpcError(INTERNAL_ERROR, redact(str(err)),
+                            {"message": redact(err.message), "fix": redact(err.fix) if err.fix else None})
+    return JsonRpcError(INVALID_PARAMS, redact(str(err)))
 
 
 def _iso(ts: float) -> str:
@@ -249,6 +256,7 @@ class AcpAgentServer:
         self.peer: JsonRpcPeer | None = None
         self.editor_caps: Any = {}
         self.editor_methods: set[str] = set()
+        self.initialized = False
         self.sessions: dict[str, ProxySession] = {}
         self._host: BridgeHost | None = None
         self._host_lock = trio.Lock()
@@ -267,7 +275,8 @@ class AcpAgentServer:
         self.peer = peer
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._stop_on_signals, nursery.cancel_scope)
+            nursery.start_soon(hard_stop.stop_on_signals, nursery.cancel_scope)  # SIGTERM, SIGHUP
+            nursery.start_soon(hard_stop.stop_when_orphaned, nursery.cancel_scope)  # the editor died
             await peer.run()
             # The editor closed the pipe: end every session and its backend.
             nursery.cancel_scope.cancel()
@@ -279,12 +288,6 @@ class AcpAgentServer:
         # gets JSON-RPC's parse error with a null id, so the editor sees why nothing happened.
         if self.peer is not None and reason.startswith("not JSON"):
             self.peer.reply_soon(Response(None, error=JsonRpcError(PARSE_ERROR, f"parse error: {reason}")))
-
-    async def _stop_on_signals(self, scope: trio.CancelScope) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
-            async for _ in signals:
-                scope.cancel()
-                return
 
     async def _bridge_host(self) -> BridgeHost:
         async with self._host_lock:
@@ -327,6 +330,8 @@ class AcpAgentServer:
         p: dict[str, Any] = params if isinstance(params, dict) else {}
         if method == "initialize":
             return self.initialize(p)
+        if not self.initialized and method in _AFTER_INITIALIZE:  # no backend starts before the hello
+            raise JsonRpcError(INVALID_REQUEST, f"{method} before initialize: send initialize first")
         await self._warmed()
         if method == "session/new":
             return await self.new_session(p)
@@ -350,12 +355,13 @@ class AcpAgentServer:
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     async def on_notification(self, method: str, params: Any) -> None:
-        if method == "session/cancel" and isinstance(params, dict):
+        if method == "session/cancel" and self.initialized and isinstance(params, dict):
             proxy = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
             if proxy is not None and self.peer is not None:
                 self.peer.start_soon(proxy.cs.cancel)
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.initialized = True
         self.editor_caps = params.get("clientCapabilities") or {}
         self.editor_methods = _editor_methods(self.editor_caps)
         agent = getattr(self.args, "agent", None)
@@ -725,7 +731,8 @@ class AcpAgentServer:
             options = _PERMISSION_OPTIONS
             params = {"sessionId": editor_id, "options": options, "toolCall": {
                 "toolCallId": f"crucible-ask-{next(self._ask_ids)}", "title": f"{ask.label}: {ask.title}",
-                "kind": "other" if ask.key.read_only else "edit", "status": "pending", "rawInput": ask.arguments}}
+                "kind": ask.key.name if ask.key.name in GATED_KINDS
+                else "other" if ask.key.read_only else "edit", "status": "pending", "rawInput": ask.arguments}}
         try:
             result = await peer.request("session/request_permission", params)
         except ConnectionClosed:

@@ -11,23 +11,28 @@ import argparse
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from crucible.bounded_load import BoundedLoadError, load_yaml
 from crucible.errors import CrucibleError
 from crucible.permissions import Rule, normalize_rule
 from mcp_bridge import BRIDGE_NAME
 
 BUILTIN_CARDS_DIR = Path(__file__).resolve().parent / "builtin_cards"  # package data: in the wheel too
+# A card is a page of settings and instructions; anything far bigger is not one.
+MAX_CARD_BYTES = 1024 * 1024
 
 
 class CardError(CrucibleError):
-    pass
+    """A card that cannot be used; `stem`: its file's name without `.md`, when it is a file's."""
+
+    stem: str | None = None
 
 
 class CardDelegation(BaseModel):
@@ -178,9 +183,10 @@ class Card(BaseModel):
                         f"or run the card with an agent that supports {server.type} MCP servers "
                         "(the card's `agent:` or `cru chat -a`)")
                 if not filled["url"].startswith(_HTTP_SCHEMES):
+                    # The value itself is not shown: it came from the environment and may hold a token.
                     raise CardError(
-                        f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r} is "
-                        f"{filled['url']!r} once filled in from the environment, not an http:// or https:// address",
+                        f"card {self.file or self.name}: mcp_servers[{i}].url of MCP server {server.name!r}, "
+                        "once filled in from the environment, is not an http:// or https:// address",
                         f"set the variable to the server's address (http://host:port/path), or change "
                         f"mcp_servers[{i}].url in card {self.file or self.name}")
                 headers = [HttpHeader(name=k, value=v) for k, v in filled["headers"].items()]
@@ -217,7 +223,11 @@ def parse_card(text: str, file_label: str, *, origin: str = "builtin", stem: str
     yaml_text = "".join(lines[1:end])
     body = "".join(lines[end + 1:]).strip("\n")
     try:
-        data = YAML(typ="rt").load(yaml_text) or {}
+        data = load_yaml(yaml_text) or {}
+    except BoundedLoadError as exc:
+        where = f" at line {exc.line + 1}" if exc.line is not None else ""
+        raise CardError(f"card {file_label}: frontmatter refused{where}: {exc.reason}",
+                        "write the card's settings as plain keys and values (no aliases, little nesting)") from None
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""
@@ -257,53 +267,97 @@ def card_dirs(kiln: Path | None = None, project: Path | None = None,
 
 
 def load_cards(kiln: Path | None = None, project: Path | None = None,
-               env: Mapping[str, str] | None = None) -> dict[str, Card]:
-    """All cards by name; a later folder's card overrides an earlier one of the same name."""
+               env: Mapping[str, str] | None = None, *,
+               problems: list[CardError] | None = None) -> dict[str, Card]:
+    """All cards by name; a later folder's card overrides an earlier one of the same name.
+    A card that cannot be read or parsed is left out (its error, naming the file, is added to
+    `problems` when given): one broken card never hides the others."""
     cards: dict[str, Card] = {}
     for origin, folder in card_dirs(kiln, project, env):
         if not folder.is_dir():
             continue
         for path in sorted(folder.glob("*.md")):
-            label = f"{origin}:{path.name}"
             try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise CardError(f"card {label}: cannot be read ({exc.__class__.__name__})") from None
-            card = parse_card(text, label, origin=origin, stem=path.stem)
+                card = _read_card(path, origin)
+            except CardError as exc:
+                exc.stem = path.stem
+                if problems is not None:
+                    problems.append(exc)
+                continue
             cards[card.name] = card
     return cards
 
 
+def _read_card(path: Path, origin: str) -> Card:
+    label = f"{origin}:{path.name}"
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CARD_BYTES + 1)
+        if len(data) > MAX_CARD_BYTES:
+            raise CardError(f"card {label}: too large (over {MAX_CARD_BYTES // 1024} KiB)",
+                            "keep a card to its settings and instructions")
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CardError(f"card {label}: cannot be read ({exc.__class__.__name__})") from None
+    return parse_card(text, label, origin=origin, stem=path.stem)
+
+
 def get_card(name: str, kiln: Path | None = None, project: Path | None = None,
-             env: Mapping[str, str] | None = None) -> Card:
-    cards = load_cards(kiln, project, env)
+             env: Mapping[str, str] | None = None, *, why_no_kiln: str | None = None) -> Card:
+    """The card `name`; a broken card file of that name raises its own error. `why_no_kiln`:
+    why the kiln's cards could not be looked at (said when the card is not found)."""
+    problems: list[CardError] = []
+    cards = load_cards(kiln, project, env, problems=problems)
     if name not in cards:
+        for problem in reversed(problems):  # the last folder's file would have won
+            if problem.stem == name:
+                raise problem
         known = ", ".join(sorted(cards)) or "none"
-        raise CardError(f"no card named {name!r} (known cards: {known})",
+        broken = "".join(f"; {p.message}" for p in problems)
+        missing = f"; the kiln's cards were not looked at: {why_no_kiln}" if why_no_kiln else ""
+        raise CardError(f"no card named {name!r} (known cards: {known}){broken}{missing}",
                         "add NAME.md to ~/.config/crucible/agents or KILN/.crucible/agents")
     return cards[name]
 
 
-def _kiln_for(args: argparse.Namespace) -> Path | None:
-    from crucible.config import load_config, resolve_kiln
+def _kiln_for(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """(the kiln whose cards to read, or None and why not)."""
+    from crucible.config import Config, load_config, resolve_kiln
 
+    config_error: str | None = None
     try:
-        return resolve_kiln(getattr(args, "kiln", None), load_config(getattr(args, "config", None)))
-    except CrucibleError:
-        return None
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError as exc:
+        # `--kiln` needs no config; without it the config is where the kiln comes from.
+        config, config_error = Config(), exc.message
+    try:
+        kiln = resolve_kiln(getattr(args, "kiln", None), config)
+    except CrucibleError as exc:
+        return None, exc.message
+    if config_error is not None and not getattr(args, "kiln", None) and not os.environ.get("CRUCIBLE_KILN"):
+        return None, config_error
+    return kiln, None
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cards = load_cards(_kiln_for(args), Path.cwd())
+    kiln, why_no_kiln = _kiln_for(args)
+    problems: list[CardError] = []
+    cards = load_cards(kiln, Path.cwd(), problems=problems)
     width = max((len(n) for n in cards), default=4)
     for card in sorted(cards.values(), key=lambda c: c.name):
         agent = f" [{card.agent}]" if card.agent else ""
         print(f"{card.name:<{width}}  {card.origin:<7}  {card.description}{agent}")
-    return 0
+    sys.stdout.flush()
+    for problem in problems:
+        print(f"cru: left out {problem}", file=sys.stderr)
+    if why_no_kiln:
+        print(f"cru: the kiln's cards are not listed: {why_no_kiln}", file=sys.stderr)
+    return 1 if problems or why_no_kiln else 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    card = get_card(args.name, _kiln_for(args), Path.cwd())
+    kiln, why_no_kiln = _kiln_for(args)
+    card = get_card(args.name, kiln, Path.cwd(), why_no_kiln=why_no_kiln)
     print(json.dumps(card.model_dump(exclude={"body"}), indent=2))
     print()
     print(card.body)

@@ -139,17 +139,22 @@ class _HeadlessRun:
         self.work = trio.CancelScope()
 
     async def run(self) -> int:
+        from crucible import hard_stop  # trio + acp_host.process only; kept off `cru` start-up
+
         ended: Any = None
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(hard_stop.stop_on_signals, nursery.cancel_scope)  # SIGTERM/SIGHUP: stop now
             await nursery.start(self._watch_signals)
             with self.work:
                 ended = await self._start_and_turn()
             nursery.cancel_scope.cancel()
+        if hard_stop.received:
+            return hard_stop.exit_code()
         return self._exit_code(ended)
 
     async def _watch_signals(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        # SIGTERM is taken as Ctrl-C is (a graceful stop), so the agent never outlives us.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # Ctrl-C only: SIGTERM and SIGHUP stop at once (crucible.hard_stop).
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
             task_status.started()
             async for _ in signals:
                 acp = self.session.acp if self.session is not None else None

@@ -9,12 +9,15 @@ import argparse
 import gc
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from crucible import __version__
 from crucible.errors import CrucibleError
+
+E = TypeVar("E", bound=BaseException)
 
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
@@ -41,6 +44,14 @@ HANDLERS: dict[str, str] = {
     "setup": "crucible.kiln.model_store:cmd_setup",
     "completion": "crucible.completion:cmd_completion",
 }
+
+
+# Commands whose stdout shows note, card, agent, server, plugin or session text: written
+# through SafeStream. (Not chat/acp/mcp or session create/resume: a protocol stream or the
+# TUI's own screen; not setup/completion/agents add: our own text, progress with \r.)
+SAFE_STDOUT = frozenset({"kiln.index", "kiln.search", "kiln.info", "session.list", "session.show",
+                         "session.export", "agents", "doctor", "cards.list", "cards.show", "mcp.servers",
+                         "plugins.list", "plugins.show"})
 
 
 # Options a person may type before or after the subcommand (`cru --kiln X chat` and
@@ -247,12 +258,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     key = args.command + (f".{args.subcommand}" if getattr(args, "subcommand", None) else "")
+    from crucible.terminal import SafeStream, install_log_handler, sanitize  # after -v's handler
+
+    # Every log line sanitized and redacted, whoever logs it (a no-op after -v set it up).
+    install_log_handler(f"cru {args.command}: %(message)s")
     handler = _resolve(key)
     if handler is None:
         print(f"cru: `{key.replace('.', ' ')}` is not available in this version yet", file=sys.stderr)
         return 2
+    stdout = sys.stdout
+    if key in SAFE_STDOUT and not isinstance(stdout, SafeStream):
+        sys.stdout = SafeStream(stdout)
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is then caught below
+        return code
     except KeyboardInterrupt:
         print("cru: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
@@ -260,12 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _only_interrupts(exc):
             print("cru: interrupted (Ctrl-C)", file=sys.stderr)
             return 130
-        err = _user_error(exc)
+        if _find(exc, BrokenPipeError) is not None:
+            return _reader_left()
+        err = _find(exc, CrucibleError)
         if err is None:
             raise
-        print(f"cru: {err}", file=sys.stderr)
+        print(f"cru: {sanitize(str(err))}", file=sys.stderr)
         return 1
     finally:
+        sys.stdout = stdout
         if argv is None:
             # The `cru` program is about to exit: spare the interpreter's last collections over
             # the SDKs' ~10^5 objects (0.2-0.5 s before the shell gets its prompt back).
@@ -282,20 +305,33 @@ def _only_interrupts(exc: BaseException) -> bool:
 def _log_to_stderr(verbose: int) -> None:
     import logging  # only -v needs logging set up before the handler's own imports
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO if verbose == 1 else logging.DEBUG,
-                        format="cru: %(name)s: %(message)s")
+    from crucible.terminal import install_log_handler  # the one (sanitizing) log handler
+
+    install_log_handler("cru: %(name)s: %(message)s", logging.INFO if verbose == 1 else logging.DEBUG)
 
 
-def _user_error(exc: BaseException) -> BaseException | None:
-    """The CrucibleError inside `exc` (possibly nested in exception groups), if any."""
-    if isinstance(exc, CrucibleError):
+def _find(exc: BaseException, kind: type[E]) -> E | None:
+    """The `kind` exception inside `exc` (possibly nested in exception groups), if any."""
+    if isinstance(exc, kind):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _user_error(inner)
+            found = _find(inner, kind)
             if found is not None:
                 return found
     return None
+
+
+def _reader_left() -> int:
+    """stdout's reader went away (`cru session list | head -1`): not an error to report. What
+    is still buffered goes to /dev/null, or Python complains again when it exits."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE  # as a program killed by SIGPIPE: what `set -o pipefail` expects
 
 
 if __name__ == "__main__":

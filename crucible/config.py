@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from crucible.bounded_load import BoundedLoadError, load_toml
 from crucible.errors import CrucibleError
+from crucible.redaction import remember_secret
 
 # Strict: TOML already has types, so "3" for an integer is a mistake worth reporting,
 # not something to coerce silently.
@@ -204,6 +206,7 @@ def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str],
                     "which is not set",
                     fix=f"set {name} in the environment, or change {_dotted(loc)} in {file}",
                 )
+            remember_secret(env[name])  # shown or saved from now on as ***
             return env[name]
 
         return _ENV_REF.sub(sub, value)
@@ -335,9 +338,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}",
                           fix="check the file's permissions") from e
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        return load_toml(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text", fix="save the file as UTF-8") from e
+    except BoundedLoadError as e:
+        raise ConfigError(f"{path}: refused: {e.reason}",
+                          fix=f"write {path} as plain tables and values, nested at most a few levels") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}", fix=f"fix the syntax in {path}") from e
 

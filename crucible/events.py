@@ -40,8 +40,10 @@ from acp_host.session import (
     PermissionResolved,
     PlanChanged,
     RawUpdate,
+    ServiceCall,
     SessionError,
     SessionInfoChanged,
+    TerminalExited,
     ThoughtChunk,
     ToolCall,
     ToolCallEvent,
@@ -117,6 +119,8 @@ HANDLERS: dict[type, str] = {
     HistoryReplay: "history_replay",
     TurnEnded: "turn_ended",
     SessionError: "error",
+    ServiceCall: "service_call",
+    TerminalExited: "terminal_exited",
     ChildEvent: "child",
     ChildStatus: "child_status",
     Notice: "notice",
@@ -160,6 +164,8 @@ class Renderer:
     def history_replay(self, event: HistoryReplay) -> None: ...
     def turn_ended(self, event: TurnEnded) -> None: ...
     def error(self, event: SessionError) -> None: ...
+    def service_call(self, event: ServiceCall) -> None: ...
+    def terminal_exited(self, event: TerminalExited) -> None: ...
     def child(self, event: ChildEvent) -> None: ...
     def child_status(self, event: ChildStatus) -> None: ...
     def notice(self, event: Notice) -> None: ...
@@ -261,6 +267,16 @@ class TranscriptRecorder(Renderer):
         if title and (title, "agent") != (meta.title, meta.title_source):
             meta.title, meta.title_source = title, "agent"
             self.writer.save_meta()
+
+
+    def service_call(self, event: ServiceCall) -> None:
+        kind = "terminal" if event.method == "terminal/create" else "file_write"
+        self.writer.append({"type": kind, "what": event.summary, "status": "started" if event.allowed else "refused",
+                            "reason": event.reason})
+
+    def terminal_exited(self, event: TerminalExited) -> None:
+        self.writer.append({"type": "terminal", "what": event.command, "status": "exited",
+                            "exit_code": event.exit_code, "signal": event.signal})
 
 
 # What a saved tool call keeps of its arguments and of its result (characters each).

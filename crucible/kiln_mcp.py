@@ -148,8 +148,8 @@ class CrucibleKilnBackend:
                     "or create_note with overwrite=true to replace it"
                 )
             text = merge_frontmatter(body, frontmatter) if frontmatter else body
-            target.parent.mkdir(parents=True, exist_ok=True)
-            return self._written(target, atomic_write_text(target, text), replaced=existed)
+            digest = atomic_write_text(target, text, root=self.root, make_folders=True)
+            return self._written(target, digest, replaced=existed)
 
         return self._call(path, create)
 
@@ -179,23 +179,24 @@ class CrucibleKilnBackend:
             if body is not None:
                 text = replace_body(text, body)
             # Guard with the hash of what we read, so an edit that lands meanwhile is never lost.
-            return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash))
+            return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash,
+                                                           root=self.root))
 
         return self._call(path, update)
 
     def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome:
         def delete() -> WriteOutcome:
-            from crucible.kiln.atomic import file_hash
+            from crucible.kiln.atomic import ConcurrentEditError, remove_file
             from crucible.kiln.paths import to_rel
 
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
-            if expected_hash is not None and file_hash(target) != expected_hash:
+            rel = to_rel(self.root, target)
+            try:
+                size = remove_file(target, root=self.root, expected_hash=expected_hash)
+            except ConcurrentEditError:
                 raise EditConflictError(
                     f"'{path}' changed since you read it; it was not deleted. Read it again first"
-                )
-            size = target.stat().st_size
-            rel = to_rel(self.root, target)
-            target.unlink()
+                ) from None
             return WriteOutcome(path=rel, content_hash=None, size_bytes=size)
 
         return self._call(path, delete)
@@ -387,6 +388,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """`cru mcp [--kiln DIR] [--http | --sse] [--port N]`."""
     import trio
 
+    from crucible import hard_stop
     from crucible.config import load_config, resolve_kiln
     from mcp_bridge.tools import log_to_stderr
 
@@ -400,13 +402,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
         token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
         try:
-            trio.run(relay_stdio, args.connect, token)
+            trio.run(hard_stop.run_stoppable, relay_stdio, args.connect, token)
         except RelayError as exc:
             raise CrucibleError(str(exc), "check that the session is running and its bridge URL") from None
         return 0
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)
-    trio.run(_serve, root, config, args)
+    # SIGTERM/SIGHUP stop at once; over stdio the parent's death does too (an HTTP server
+    # started by hand is its own master).
+    stdio = not (args.http or args.sse)
+    trio.run(partial(hard_stop.run_stoppable, orphan_check=stdio), _serve, root, config, args)
     return 0
 
 

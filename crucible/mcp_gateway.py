@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from acp_host.reaper import unwatch_group, watch_group
+
 if TYPE_CHECKING:
     from crucible.config import Config, McpServerConfig
     from mcp_bridge.gateway import Gateway, UpstreamSpec, UpstreamStatus
@@ -44,7 +46,8 @@ def build_gateway(config: Config) -> Gateway:
     )
 
     return Gateway([upstream_spec(s) for s in config.mcp.servers],
-                   schema_budget_bytes=config.mcp.schema_budget_bytes, startup_wait=config.mcp.startup_wait_secs)
+                   schema_budget_bytes=config.mcp.schema_budget_bytes, startup_wait=config.mcp.startup_wait_secs,
+                   watch_group=watch_group, unwatch_group=unwatch_group)  # upstreams die with us
 
 
 def status_lines(statuses: Iterable[UpstreamStatus], *, verbose: bool = False) -> list[str]:

@@ -34,6 +34,8 @@ READ_ONLY_BRIDGE_TOOLS = frozenset({
 # ACP tool kinds that only look; everything else (edit, delete, move, execute, fetch, other)
 # is treated as risky and asks by default.
 READ_ONLY_KINDS = frozenset({"read", "search", "think"})
+# The kinds of the agent's own fs/terminal requests, which Crucible gates like tool calls.
+GATED_KINDS = frozenset({"execute", "edit"})
 
 # How each agent names an MCP tool: claude `mcp__crucible__x`, gemini `mcp_crucible_x`
 # (toolCallId `mcp_crucible_x__<id>`), opencode `crucible_x`.

@@ -33,7 +33,8 @@ from crucible.events import (
     permission_decision,
     shown_tool_call,
 )
-from crucible.terminal import sanitize
+from crucible.redaction import redact
+from crucible.terminal import json_safe, sanitize
 
 
 def _json_default(value: Any) -> Any:
@@ -199,7 +200,8 @@ class JsonPrinter(Renderer):
             else:
                 lines.append(_encode(event_json(event)))
         lines.append("")
-        self.out.write("\n".join(lines))
+        # C1 and bidi controls escaped (the same JSON values), secrets masked: a terminal may show it.
+        self.out.write(json_safe(redact("\n".join(lines))))
         self.out.flush()
 
     def note(self, text: str) -> None:

@@ -4,8 +4,12 @@ Each session is a folder `DATA/sessions/<id>/` with
 - `session.json`  what it was: agent, card, cwd, the agent's own session id, title, times
 - `events.jsonl`  every event, one JSON object a line (message chunks coalesced)
 - `transcript.md` the conversation as markdown, readable without Crucible
-Writes are appends plus an atomic rewrite of session.json, so a crash loses at most the
-event being written.
+Writes are appends plus an atomic rewrite of session.json. They reach the file as they
+happen: at once for the prompt, every tool call, permission and turn end, and within
+`FLUSH_EVERY` seconds for streamed text (a chunked event still growing is then written, and
+the text that follows goes in an event marked `"cont": true`), so a crash (kill -9 included)
+loses at most the last second of streamed text. Files are 0600 in 0700 folders, and secrets (`crucible.redaction`) are
+written as ***.
 
 A conversation is one entry, whatever happens to the agent process: a resume or a /restart
 goes on writing into the entry it continues (a `resumed` record marks where). Only when that
@@ -29,10 +33,17 @@ from typing import IO, Any
 
 from crucible.config import data_dir
 from crucible.errors import CrucibleError
+from crucible.private_files import open_private, private_dir
+from crucible.redaction import redact
 from crucible.terminal import sanitize
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
+# Written through to the file at once (a prompt is whole; a tool call is where a crash hurts).
+_FLUSH_NOW = frozenset({"user_message", "tool_call", "permission", "terminal", "file_write", "turn_end",
+                        "error", "warning"})
+# Streamed text reaches the file at most this long after it came (seconds).
+FLUSH_EVERY = 1.0
 
 
 @dataclass
@@ -86,16 +97,18 @@ def new_session_id() -> str:
 class SessionWriter:
     """Appends one session's events and transcript. Not thread-safe; one owner."""
 
-    def __init__(self, folder: Path, meta: SessionMeta) -> None:
+    def __init__(self, folder: Path, meta: SessionMeta, *, own_up_to: Path | None = None) -> None:
         self.folder = folder
         self.meta = meta
-        folder.mkdir(parents=True, exist_ok=True)
-        self._events: IO[str] = open(folder / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        self._md: IO[str] = open(folder / "transcript.md", "a", encoding="utf-8")  # noqa: SIM115
+        private_dir(folder, own_up_to=own_up_to)
+        self._events: IO[str] = open_private(folder / "events.jsonl", "a", encoding="utf-8")
+        self._md: IO[str] = open_private(folder / "transcript.md", "a", encoding="utf-8")
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
         self.lock: IO[bytes] | None = None  # the entry's .lock, held while this writer is open
+        self._unflushed_since: float | None = None  # monotonic time of the oldest unflushed write
+        self._split: str | None = None  # a chunked event cut by a timed flush: the next one continues it
         if self._md.tell() == 0:
             self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
                            + (f" · card: {meta.card}" if meta.card else "") + f" · cwd: {meta.cwd}\n")
@@ -104,40 +117,64 @@ class SessionWriter:
     def save_meta(self) -> None:
         self.meta.updated = time.time()
         tmp = self.folder / ".session.json.tmp"
-        tmp.write_text(json.dumps(asdict(self.meta), indent=2), encoding="utf-8")
+        with open_private(tmp, "w", encoding="utf-8") as f:
+            f.write(redact(json.dumps(asdict(self.meta), indent=2)))
         os.replace(tmp, self.folder / "session.json")
 
     def append(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if self._unflushed_since is None:
+            self._unflushed_since = time.monotonic()
         if kind in _CHUNKED:
             text = str(event.get("text", ""))
             if self._pending is not None and self._pending["type"] == kind:
                 self._pending_text.append(text)
             else:
                 self._flush_pending()
-                self._pending = {"t": round(time.time(), 3), **event, "text": ""}
+                cont = {"cont": True} if self._split == kind else {}
+                self._pending = {"t": round(time.time(), 3), **event, "text": "", **cont}
                 self._pending_text = [text]
+            self._split = None
             self._write_md(kind, text)
+            if kind == "user_message":
+                if not self.meta.title and text.strip():
+                    self.meta.title = text.strip().splitlines()[0][:80]
+                self.flush()
+                self.save_meta()  # the title is known: a crash mid-turn still lists the session
+            else:
+                self.flush_due()
             return
+        self._split = None
         self._flush_pending()
         record = {"t": round(time.time(), 3), **event}
-        self._events.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._events.write(redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
         self._write_md(str(kind), _md_line(record))
         if kind == "turn_end":
             self.meta.turns += 1
+        if kind in _FLUSH_NOW:
             self.flush()
+        if kind == "turn_end":
             self.save_meta()
+
+    def flush_due(self) -> None:
+        """Flush when something written is `FLUSH_EVERY` seconds old (call it at least that often)."""
+        since = self._unflushed_since
+        if since is not None and time.monotonic() - since >= FLUSH_EVERY:
+            if self._pending is not None:
+                self._split = self._pending["type"]
+            self.flush()
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
             self._pending["text"] = "".join(self._pending_text)
-            self._events.write(json.dumps(self._pending, ensure_ascii=False, default=str) + "\n")
+            self._events.write(redact(json.dumps(self._pending, ensure_ascii=False, default=str)) + "\n")
             self._pending = None
             self._pending_text = []
 
     def _write_md(self, kind: str, text: str) -> None:
         if not text:
             return
+        text = redact(text)
         section = {"user_message": "## You", "agent_message": "## Agent",
                    "agent_thought": "### Thinking"}.get(kind)
         if section is None:
@@ -153,6 +190,7 @@ class SessionWriter:
         self._flush_pending()
         self._events.flush()
         self._md.flush()
+        self._unflushed_since = None
 
     def close(self) -> None:
         self.flush()
@@ -170,6 +208,14 @@ def _md_line(event: Mapping[str, Any]) -> str:
         return f"- tool `{event.get('title', '')}` ({event.get('kind', 'other')}): {event.get('status', '')}"
     if kind == "permission":
         return f"- permission for `{event.get('title', '')}`: {event.get('decision', '')} ({event.get('reason', '')})"
+    if kind in ("terminal", "file_write"):
+        what = "terminal" if kind == "terminal" else "write"
+        if event.get("status") == "exited":
+            end = (f"exit {event['exit_code']}" if event.get("exit_code") is not None
+                   else f"killed by {event.get('signal')}")
+            return f"- {what} `{event.get('what', '')}`: {end}"
+        reason = f" ({event.get('reason')})" if event.get("reason") else ""
+        return f"- {what} `{event.get('what', '')}`: {event.get('status', '')}{reason}"
     if kind == "turn_end":
         return f"*turn ended: {event.get('stop_reason', '')}*"
     if kind == "resumed":
@@ -249,9 +295,11 @@ def message_records(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any
 class SessionStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or sessions_root()
+        # Folders that are Crucible's own, made 0700 even if they exist: the data dir by default.
+        self._own = self.root.parent if root is None else self.root
 
     def create(self, meta: SessionMeta) -> SessionWriter:
-        writer = SessionWriter(self.root / meta.id, meta)
+        writer = SessionWriter(self.root / meta.id, meta, own_up_to=self._own)
         writer.lock = _try_lock(writer.folder)
         return writer
 
@@ -268,7 +316,7 @@ class SessionStore:
         current = self.meta(first.id)
         current.agent, current.agent_command = meta.agent, meta.agent_command
         current.cwd, current.kiln, current.card = meta.cwd, meta.kiln, meta.card
-        writer = SessionWriter(folder, current)
+        writer = SessionWriter(folder, current, own_up_to=self._own)
         writer.lock = lock
         writer.append({"type": "resumed", "agent": meta.agent})
         return writer, True
@@ -378,10 +426,11 @@ class SessionStore:
     def history_as_context(self, session_id: str, max_chars: int = 20000) -> str:
         """The conversation so far, as text to hand a fresh agent session when it cannot load the old one."""
         lines: list[str] = []
-        for ev in self.conversation_events(session_id):
-            if ev.get("type") == "user_message":
+        for ev in self.conversation_events(session_id):  # messages saved in parts come whole
+            kind = ev.get("type")
+            if kind == "user_message":
                 lines.append(f"User: {ev.get('text', '')}")
-            elif ev.get("type") == "agent_message":
+            elif kind == "agent_message":
                 lines.append(f"Assistant: {ev.get('text', '')}")
         text = "\n\n".join(lines)
         return text[-max_chars:]

@@ -33,12 +33,15 @@ from acp_host.process import AgentProcess, AgentStartError
 from acp_host.registry import AgentSpec, install_hint
 from crucible.errors import CrucibleError
 from crucible.permissions import (
+    GATED_KINDS,
     READ_ONLY_BRIDGE_TOOLS,
     PermissionPolicy,
     ToolKey,
     tool_key_from_acp,
 )
+from crucible.redaction import redact, remember_secret
 from crucible.session_store import (
+    FLUSH_EVERY,
     SessionMeta,
     SessionStore,
     SessionWriter,
@@ -316,6 +319,8 @@ class CrucibleSession:
         self.bridge_listed = trio.Event()
         self.warnings: list[str] = []  # for the person: shown by `cru chat`, sent to the editor by `cru acp`
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
+        # ACP tool kind (execute, edit) -> fs/terminal requests the person approved this turn
+        self._service_preapproved: dict[str, int] = {}
         self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
@@ -379,7 +384,43 @@ class CrucibleSession:
                 self.policy.remember(key.name, "deny")
         if key.bridge and decision.kind.startswith("allow"):
             self._preapproved[key.name] = self._preapproved.get(key.name, 0) + 1
+        elif decision.kind.startswith("allow") and key.name in GATED_KINDS:
+            # The agent asked first, as it should: its fs/terminal request that follows this
+            # turn is not asked about again (see `gate_service`).
+            self._service_preapproved[key.name] = self._service_preapproved.get(key.name, 0) + 1
         return decision
+
+    async def gate_service(self, method: str, kind: str, summary: str, params: Any) -> str | None:
+        """The agent's terminal/create or fs/write_text_file, before it runs: the policy (card,
+        config, remembered answers, `--deny-all`) decides, as for a tool call of that kind,
+        whether or not the agent asked over ACP. None: it runs; else why it is refused."""
+        key = ToolKey(kind, bridge=False, read_only=False, summary=summary)
+        decided = self.policy.decide(key)
+        if decided.rule == "allow":
+            return None
+        if decided.rule == "deny":
+            self._tell_refusal(kind, summary, decided.reason)
+            return decided.reason
+        if self._service_preapproved.get(kind, 0) > 0:
+            self._service_preapproved[kind] -= 1
+            return None
+        title = f"{'run' if kind == 'execute' else 'write'} {summary}"
+        decision = await self.opts.asker(PermissionAsk(self.label, key, title, None,
+                                                       {"method": method, "what": summary}))
+        if decision.kind == "allow_always":
+            self.policy.remember(kind, "allow")
+        elif decision.kind == "reject_always":
+            self.policy.remember(kind, "deny")
+        self.writer.append({"type": "permission", "title": title, "decision": decision.kind,
+                            "reason": decision.reason, "via": method})
+        if decision.kind.startswith("allow"):
+            return None
+        self._tell_refusal(kind, summary, decision.reason)
+        return decision.reason or "refused"
+
+    def _tell_refusal(self, kind: str, summary: str, reason: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(f"[permission] {kind} {summary}: refused ({reason})")
 
     def warn(self, message: str) -> None:
         """Something the person should know that does not stop the session; saved with it."""
@@ -469,6 +510,7 @@ class CrucibleSession:
         try:
             return await self.acp.prompt(blocks)
         finally:
+            self._service_preapproved.clear()  # an approval never outlives its turn
             # The turn is over: so are its children (not when this prompt was refused because
             # another turn is running: those children are that turn's).
             if self.delegation is not None and not self.acp.turn_running:
@@ -551,8 +593,15 @@ def preload() -> None:
 
 def explain_start_failure(spec: AgentSpec, exc: BaseException, *, stderr: str = "",
                           extra_env: dict[str, str] | None = None) -> CrucibleError:
-    """One clear message with the fix for an agent that cannot start or refuses us: a known
-    failure (crucible/start_failures.py) by its cause, else the agent's own words."""
+    """One clear message with the fix for an agent that cannot start or refuses us (secrets in
+    the command or the agent's output redacted: it goes to terminals and editors)."""
+    err = _explain_start_failure(spec, exc, stderr=stderr, extra_env=extra_env)
+    return CrucibleError(redact(err.message), redact(err.fix) if err.fix else None)
+
+
+def _explain_start_failure(spec: AgentSpec, exc: BaseException, *, stderr: str,
+                           extra_env: dict[str, str] | None) -> CrucibleError:
+    """A known failure (crucible/start_failures.py) by its cause, else the agent's own words."""
     code = exc.code if isinstance(exc, JsonRpcError) else None
     data = exc.data if isinstance(exc, JsonRpcError) else None
     message = exc.message if isinstance(exc, JsonRpcError) else str(exc)
@@ -626,6 +675,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
     session.bridge = bridge
     delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
+    remember_secret(token)  # never shown or saved in the clear (recordings, logs, errors)
     base = f"/s/{session.id}"
     async with trio.open_nursery() as nursery:
         session.nursery = nursery
@@ -635,13 +685,14 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
             try:
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
-                    name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record,
+                    name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record, record_redact=redact,
                     process=process,
                 )
             except (AgentStartError, OSError) as exc:
                 raise explain_start_failure(opts.agent, exc, extra_env=opts.extra_env) from None
             session.client = client
             client.on_update = opts.on_update
+            nursery.start_soon(_flush_transcript, writer)
             entry = _bridge_entry(client, host.url(base), token)
             session.bridge_transport = "http" if "url" in entry else "stdio"
             card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
@@ -649,6 +700,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
             acp = await _start_acp_session(session, client, servers)
             session.acp = acp
             acp.explain_error = session.explain_turn_error
+            acp.service_gate = session.gate_service
             writer.meta.agent_session_id = acp.session_id
             writer.save_meta()
             await _apply_card_settings(session, acp)
@@ -666,6 +718,14 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
             raise explain_start_failure(opts.agent, exc, stderr=tail, extra_env=opts.extra_env) from None
         finally:
             await session.aclose()  # every way out: the block's end, an error, a cancel
+
+
+async def _flush_transcript(writer: SessionWriter) -> None:
+    """Streamed text reaches the session's files within a second, even while nothing else comes
+    (a crash then loses at most that second; see SessionWriter)."""
+    while True:
+        await trio.sleep(FLUSH_EVERY / 2)
+        writer.flush_due()
 
 
 def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],

@@ -1,25 +1,66 @@
 """Terminal safety: agent text never drives the person's terminal.
 
-Control characters (ESC sequences, BEL, backspace, carriage returns that overwrite a line)
-and Unicode bidi overrides/isolates (which can make text read differently than it is) are
-made visible instead of being interpreted. Newlines and tabs pass through.
+`sanitize` (secrets redacted, then acp_host.safe_text: control characters and bidi controls
+made visible) is applied to every agent-, note-, card- or server-derived string before it reaches a terminal:
+messages, tool titles, errors, notices, and — through `install_log_handler` — every log line
+of the `cru` process, whichever module logs it.
 """
 
 from __future__ import annotations
 
-import re
+import logging
+import sys
+from collections.abc import Iterable
+from typing import Any, TextIO
 
-_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
-_UNSAFE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+from acp_host.safe_text import json_safe, terminal_safe
+from crucible.redaction import redact
 
+__all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "sanitize"]
 
-def _visible(match: re.Match[str]) -> str:
-    ch = match.group()
-    code = ord(ch)
-    if code < 0x20:
-        return "^" + chr(code + 0x40)  # caret notation, as `cat -v`
-    return f"<U+{code:04X}>"
 
 
 def sanitize(text: str) -> str:
-    return _UNSAFE.sub(_visible, text)
+    """`text` safe for a terminal: secrets redacted, control and bidi characters made visible."""
+    return terminal_safe(redact(text))
+
+
+class SafeFormatter(logging.Formatter):
+    """Formats as usual (traceback included), then makes the whole line terminal-safe."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return sanitize(super().format(record))
+
+
+def install_log_handler(fmt: str = "cru: %(message)s", level: int = logging.WARNING) -> None:
+    """Log records of `level` and above go to stderr formatted by `fmt`, sanitized (the root
+    logger's one handler; a second call changes nothing)."""
+    root = logging.getLogger()
+    if any(isinstance(h.formatter, SafeFormatter) for h in root.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter(fmt))
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > level:
+        root.setLevel(level)
+
+
+class SafeStream:
+    """A text stream (stdout) whose writes are made safe for a terminal: DEL, C1 and bidi
+    controls as `\\uXXXX` (so JSON printed through it keeps its value), other control
+    characters but newline and tab in caret notation. For commands that print note, card or
+    session text (`cru kiln search`, `cru session show`, `cru cards list`, …)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(sanitize(json_safe(text)))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -324,18 +324,34 @@ class Upstream:
         reader = trio.lowlevel.FdStream(read_fd)
         self.stderr.clear()
         drained = anyio.Event()
+        group: int | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stderr, reader, drained)
             try:
                 async with stdio_client(params, errlog=errlog) as streams:
+                    group = await self._watch_server(write_fd)
                     errlog.close()  # the server holds its own copy; EOF comes when it exits
                     yield streams
             finally:
+                if group is not None and self.gateway.unwatch_group is not None:
+                    self.gateway.unwatch_group(group)  # the SDK has stopped the server's group
                 if not errlog.closed:
                     errlog.close()
                 with anyio.move_on_after(1.0):  # the last lines of a dying server
                     await drained.wait()
                 nursery.cancel_scope.cancel()
+
+    async def _watch_server(self, stderr_fd: int) -> int | None:
+        """Hand the server's process group to the gateway's `watch_group` (if any). The SDK
+        keeps the process to itself; it is our child that holds `stderr_fd`'s pipe as its fd 2,
+        and it leads its own group (the SDK starts it with a new session)."""
+        watch = self.gateway.watch_group
+        if watch is None:
+            return None
+        pid = await anyio.to_thread.run_sync(_child_holding, os.fstat(stderr_fd).st_ino)
+        if pid is not None:
+            watch(pid)
+        return pid
 
     async def _read_stderr(self, reader: Any, drained: anyio.Event) -> None:
         buffer = b""
@@ -616,13 +632,38 @@ class GatewayTool:
         return await self.upstream.call(self.original, args, Caller(elicit=elicit, progress=ctx.report_progress))
 
 
+def _child_holding(pipe_inode: int) -> int | None:
+    """The pid of our child process whose stderr is the pipe `pipe_inode` (Linux /proc; None
+    elsewhere or when it already exited)."""
+    me = str(os.getpid())
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    target = f"pipe:[{pipe_inode}]"
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[1].decode() == me and os.readlink(f"/proc/{entry}/fd/2") == target:
+                return int(entry)
+        except (OSError, IndexError):
+            continue
+    return None
+
+
 class Gateway:
     """Every upstream of the process. `async with gateway.running():` owns their connections;
     they start on the first `ensure_started()` (a bridge's first tools/list)."""
 
     def __init__(self, specs: Iterable[UpstreamSpec], *, schema_budget_bytes: int = 0,
-                 startup_wait: float = 5.0) -> None:
+                 startup_wait: float = 5.0, watch_group: Callable[[int], None] | None = None,
+                 unwatch_group: Callable[[int], None] | None = None) -> None:
         self.upstreams: dict[str, Upstream] = {}
+        # Told the process group of each stdio upstream started (and when it is gone): the
+        # application's watchdog stops them if this process dies without its teardown (kill -9).
+        self.watch_group = watch_group
+        self.unwatch_group = unwatch_group
         for spec in specs:
             self.upstreams[spec.name] = Upstream(spec, self)
         self.schema_budget_bytes = schema_budget_bytes

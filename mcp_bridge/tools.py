@@ -601,8 +601,10 @@ KILN_TOOLS: tuple[ToolSpec, ...] = (
 
 def log_to_stderr(level: int = logging.WARNING) -> None:
     """`cru mcp` logs to stderr only (stdout is the protocol on stdio)."""
+    root = logging.getLogger("mcp_bridge")
+    root.setLevel(level)
+    if logging.getLogger().handlers:
+        return  # the program's own handler (cru's makes every line terminal-safe) shows them
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("cru mcp: %(message)s"))
-    root = logging.getLogger("mcp_bridge")
     root.addHandler(handler)
-    root.setLevel(level)

@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.util import load_yaml_guess_indent
 
+from crucible.bounded_load import BoundedLoadError, bounded_yaml, load_yaml
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import content_hash as _hash
-from crucible.kiln.paths import resolve_in_kiln
+from crucible.kiln.paths import open_folder, open_in_folder, resolve_in_kiln
 
 MAX_NOTE_BYTES = 10 * 1024 * 1024
 
@@ -114,8 +115,8 @@ def split_frontmatter(text: str) -> tuple[str | None, str, int]:
     return yaml_text, body, body_line
 
 
-def _yaml(indent_from: str | None = None) -> YAML:
-    y = YAML(typ="rt")
+def _yaml(indent_from: str | None = None) -> Any:
+    y = bounded_yaml("rt")
     y.preserve_quotes = True
     y.width = 4096  # never re-wrap a long value
     mapping, sequence, offset = 2, 4, 2  # Obsidian's style: "tags:\n  - a"
@@ -133,6 +134,8 @@ def _yaml(indent_from: str | None = None) -> YAML:
 
 
 def _yaml_reason(exc: Exception, line_offset: int = 1) -> str:
+    if isinstance(exc, BoundedLoadError):
+        return exc.reason + (f" (line {exc.line + line_offset})" if exc.line is not None else "")
     if isinstance(exc, MarkedYAMLError):
         problem = exc.problem or exc.context or "syntax error"
         mark = exc.problem_mark or exc.context_mark
@@ -143,29 +146,17 @@ def _yaml_reason(exc: Exception, line_offset: int = 1) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-_MAX_FLOW_DEPTH = 100
-
-
-def _flow_depth(yaml_text: str) -> int:
-    depth = deepest = 0
-    for ch in yaml_text:
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth = max(0, depth - 1)
-    return deepest
-
-
 def load_frontmatter(yaml_text: str) -> CommentedMap:
-    """The frontmatter as a round-trip map (comments, order, quotes kept). Raises FrontmatterError."""
-    if _flow_depth(yaml_text) > _MAX_FLOW_DEPTH:
-        # ruamel needs seconds to reach its RecursionError on "[[[[…": refuse up front
-        raise FrontmatterError("frontmatter is not valid YAML: nested too deeply",
-                               fix="fix the YAML between the '---' lines")
+    """The frontmatter as a round-trip map (comments, order, quotes kept). Raises FrontmatterError.
+    Bounded (crucible.bounded_load): alias bombs and deep nesting are refused, not expanded."""
     try:
-        data = _yaml().load(yaml_text)
-    except (YAMLError, RecursionError, ValueError, TypeError) as e:  # RecursionError: "[[[[…"
+        data = load_yaml(yaml_text, _yaml())
+    except BoundedLoadError as e:
+        # One prefix for every frontmatter that cannot be used: callers and tools match it.
+        raise FrontmatterError(f"frontmatter is not valid YAML: {_yaml_reason(e)}",
+                               fix="remove the aliases (*name) or the nesting from the YAML between "
+                                   "the '---' lines") from e
+    except (YAMLError, ValueError, TypeError) as e:
         raise FrontmatterError(f"frontmatter is not valid YAML: {_yaml_reason(e)}",
                                fix="fix the YAML between the '---' lines") from e
     if data is None:
@@ -454,14 +445,22 @@ def read_note(root: Path, rel: str) -> Note:
     if path.is_dir():
         raise NoteReadError(f"{clean}: is a folder, not a note", reason="folder")
     try:
-        size = path.stat().st_size
-        if size > MAX_NOTE_BYTES:
-            raise NoteReadError(
-                f"{clean}: too large ({size // (1024 * 1024)} MiB; notes up to "
-                f"{MAX_NOTE_BYTES // (1024 * 1024)} MiB are read)",
-                fix="split the note into smaller notes", reason="too large",
-            )
-        with path.open("rb") as f:
+        # Opened relative to the kiln's folders, never through a symlink: a folder swapped
+        # for a link to elsewhere after the check above is refused, not read.
+        parts = path.relative_to(root.resolve()).parts
+        folder = open_folder(root, parts[:-1])
+        try:
+            fd = open_in_folder(folder, parts[-1], os.O_RDONLY)
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_NOTE_BYTES:
+                raise NoteReadError(
+                    f"{clean}: too large ({size // (1024 * 1024)} MiB; notes up to "
+                    f"{MAX_NOTE_BYTES // (1024 * 1024)} MiB are read)",
+                    fix="split the note into smaller notes", reason="too large",
+                )
             data = f.read(MAX_NOTE_BYTES + 1)
     except PermissionError as e:
         raise NoteReadError(f"{clean}: cannot be read (permission denied)",

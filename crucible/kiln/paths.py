@@ -5,15 +5,22 @@ Errors show only kiln-relative paths, never an absolute path of the person's mac
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from crucible.errors import CrucibleError
 
 RESERVED_DIR = ".crucible"
+# Folders no tool may read or write, wherever they are: a repository's .git (its config can
+# hold credentials in remote URLs; hooks run code) and Obsidian's settings and workspace.
+PROTECTED_DIRS = frozenset({".git", ".obsidian"})
+# The file system's limits (Linux: NAME_MAX 255 bytes a name); a kiln path is kept well under PATH_MAX.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
 # Folders never listed: tool state, VCS, editor config, trash, dependencies (plus any dot-folder).
 SKIP_DIRS = frozenset({".crucible", ".git", ".obsidian", ".trash", "node_modules"})
 
@@ -34,7 +41,8 @@ class KilnNotFoundError(KilnPathError):
 
 
 def _show(rel: str) -> str:
-    return repr(rel.replace("\\", "/"))
+    shown = rel.replace("\\", "/")
+    return repr(shown if len(shown) <= 120 else shown[:100] + "…")
 
 
 def normalize_folder(folder: str | None) -> str:
@@ -54,6 +62,22 @@ def _is_reserved(parts: tuple[str, ...]) -> bool:
     return bool(parts) and parts[0].casefold() == RESERVED_DIR
 
 
+def _protected(parts: tuple[str, ...]) -> str | None:
+    """The protected folder (`.git`, `.obsidian`) the path goes into, if any."""
+    return next((p for p in parts if p.casefold() in PROTECTED_DIRS), None)
+
+
+def _check_lengths(rel: str, parts: tuple[str, ...]) -> None:
+    for part in parts:
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise KilnPathError(
+                f"{_show(rel)}: a name in the path is longer than {MAX_NAME_BYTES} bytes, "
+                "the most a file system allows", fix="use a shorter note or folder name", rel=rel)
+    if len("/".join(parts).encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise KilnPathError(f"{_show(rel)}: the path is longer than {MAX_PATH_BYTES} bytes",
+                            fix="use shorter or fewer folder names", rel=rel)
+
+
 def _inside(root: Path, path: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
@@ -63,8 +87,9 @@ def resolve_in_kiln(
 ) -> Path:
     """The absolute, symlink-resolved path of kiln-relative `rel`, or KilnPathError.
 
-    Refuses NUL, `~`, absolute paths, any `..`, `.crucible/`, and symlinks (the file or a parent)
-    that resolve outside the kiln. `for_write=True` allows only `.md` notes. "" is the kiln root.
+    Refuses NUL, `~`, absolute paths, any `..`, `.crucible/`, `.git/` and `.obsidian/` (anywhere in
+    the path), names over 255 bytes, and symlinks (the file or a parent) that resolve outside the
+    kiln or into those folders. `for_write=True` allows only `.md` notes. "" is the kiln root.
     """
     root = root.resolve()
     if not isinstance(rel, str):
@@ -92,9 +117,13 @@ def resolve_in_kiln(
     if ".." in parts:
         raise KilnPathError(f"{_show(rel)}: '..' is not allowed in kiln paths",
                             fix="give the path from the kiln root, without '..'", rel=rel)
+    _check_lengths(rel, parts)
     if _is_reserved(parts):
         raise KilnPathError(f"{_show(rel)}: {RESERVED_DIR}/ is reserved for Crucible's own data",
                             fix="choose a path outside .crucible/", rel=rel)
+    if (folder := _protected(parts)) is not None:
+        raise KilnPathError(f"{_show(rel)}: {folder}/ is not part of the notes; its files cannot be used",
+                            fix=f"choose a path outside {folder}/", rel=rel)
     clean = "/".join(parts)
     if for_write and not clean.lower().endswith(".md"):
         raise KilnPathError(f"{_show(rel)}: only markdown notes (.md) can be written",
@@ -108,9 +137,13 @@ def resolve_in_kiln(
     if not _inside(root, resolved):
         raise KilnPathError(f"{_show(rel)}: leads outside the kiln through a symbolic link",
                             fix="only notes inside the kiln can be used", rel=rel)
-    if _is_reserved(resolved.relative_to(root).parts):
+    inner = resolved.relative_to(root).parts
+    if _is_reserved(inner):
         raise KilnPathError(f"{_show(rel)}: leads into {RESERVED_DIR}/, which is reserved",
                             fix="choose a path outside .crucible/", rel=rel)
+    if (folder := _protected(inner)) is not None:
+        raise KilnPathError(f"{_show(rel)}: leads into {folder}/, which is not part of the notes",
+                            fix=f"choose a path outside {folder}/", rel=rel)
     if for_write and not resolved.name.lower().endswith(".md"):
         raise KilnPathError(f"{_show(rel)}: links to a file that is not a .md note",
                             fix="write to a .md note", rel=rel)
@@ -120,6 +153,58 @@ def resolve_in_kiln(
         raise KilnNotFoundError(f"{_show(rel)}: no such file in the kiln",
                                 fix="list the notes to find the right path", rel=rel)
     return resolved
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
+    """A file descriptor of the folder `root/parts…`, each step opened relative to the one
+    before with O_NOFOLLOW, so a folder swapped for a symlink after `resolve_in_kiln` checked
+    the path is refused (KilnPathError) instead of followed out of the kiln. `create`: make
+    missing folders on the way. The caller closes the descriptor.
+
+    `root` itself may be a symlink (a kiln kept elsewhere); `parts` must be the resolved path
+    (what `resolve_in_kiln` returns), which has no symlinks while nobody changes it."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                try:
+                    step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=fd)  # never follows a symlink there (EEXIST)
+                    except FileExistsError:
+                        pass  # made meanwhile by another writer: opened below if still a folder
+                    step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise swapped_error("/".join(parts[: i + 1])) from None
+                raise
+            os.close(fd)
+            fd = step
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666) -> int:
+    """`os.open` of `name` inside an opened folder, never through a symlink (KilnPathError)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise swapped_error(name) from None
+        raise
+
+
+def swapped_error(rel: str) -> KilnPathError:
+    return KilnPathError(f"{_show(rel)}: was replaced by a symbolic link while it was being used; "
+                         "nothing was done", fix="try again once the kiln's folders stop changing", rel=rel)
 
 
 def to_rel(root: Path, path: Path) -> str:
@@ -158,7 +243,8 @@ def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
                     target = Path(entry.path).resolve()
                     if not _inside(root, target) or not target.is_file():
                         continue
-                    if _is_reserved(target.relative_to(root).parts):
+                    inner = target.relative_to(root).parts
+                    if _is_reserved(inner) or _protected(inner) is not None:
                         continue
                 elif not entry.is_file(follow_symlinks=False):
                     continue

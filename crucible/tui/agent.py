@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from crucible import hard_stop
 from crucible.errors import CrucibleError
 from crucible.events import Pipeline, saved_events
 from crucible.kiln.paths import iter_markdown
@@ -63,6 +64,9 @@ class AgentLoop:
         ui.token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             ui.nursery = nursery
+            # SIGTERM, SIGHUP (the terminal closed): agents stopped at once, the session's
+            # files closed, the terminal given back as it was (not the default death).
+            nursery.start_soon(hard_stop.stop_on_signals, nursery.cancel_scope)
             nursery.start_soon(self.load_notes)
             async with BridgeHost().running() as host:
                 first = True
@@ -77,7 +81,7 @@ class AgentLoop:
                         await self.restart.wait()  # /restart or leave
                     self.restart_requested = False
             nursery.cancel_scope.cancel()
-        return 0
+        return hard_stop.exit_code()  # 128 + the signal that stopped us, else 0
 
     async def load_notes(self) -> None:
         def scan() -> list[str]:

@@ -19,6 +19,7 @@ by `ChatFeed` (feed.py).
 from __future__ import annotations
 
 import base64
+import errno
 import sys
 import time
 from collections.abc import Callable
@@ -43,8 +44,10 @@ from prompt_toolkit.layout.dimension import Dimension
 from prompt_toolkit.layout.menus import CompletionsMenu
 from prompt_toolkit.shortcuts import print_formatted_text
 
+from crucible import hard_stop
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
+from crucible.private_files import open_private, private_dir
 from crucible.session_store import SessionStore
 from crucible.sessions import CrucibleSession, SessionOptions
 from crucible.tui.agent import AgentLoop
@@ -382,13 +385,20 @@ def run_tui(opts: SessionOptions) -> int:
                             "run it in a terminal, or use `cru chat -p \"your question\"` in scripts")
     history: History
     try:
-        folder = data_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(data_dir())
+        open_private(folder / "chat-history", "a").close()  # the person's prompts: 0600
         history = FileHistory(str(folder / "chat-history"))
     except OSError:
         history = InMemoryHistory()
     ui = ChatUI(replace(opts, store=opts.store or SessionStore()), history)
-    result = run_with_trio(ui.app, ui.loop.main)
+    try:
+        result = run_with_trio(ui.app, ui.loop.main)
+    except OSError as exc:
+        if exc.errno != errno.EIO or not hard_stop.received:
+            raise
+        return hard_stop.exit_code()  # the terminal closed (SIGHUP): none left to restore
+    if hard_stop.received:
+        return hard_stop.exit_code()  # stopped at once: no scrollback written to a closing terminal
     write_scrollback(ui)
     return result or 0
 

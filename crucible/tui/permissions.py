@@ -29,8 +29,10 @@ from prompt_toolkit.layout.dimension import Dimension
 from tomlkit.exceptions import TOMLKitError
 
 from acp_host.session import Decision, DecisionKind
+from crucible.bounded_load import BoundedLoadError, load_toml
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text
+from crucible.private_files import FILE_MODE, private_dir
 from crucible.sessions import PermissionAsk
 from crucible.terminal import sanitize
 from crucible.tui.feed import diff_lines, pretty, write_lines
@@ -297,8 +299,10 @@ def save_permission_rule(path: Path, tool: str, rule: str) -> None:
     doc = tomlkit.document()
     if path.exists():
         try:
-            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
-        except TOMLKitError as exc:
+            text = path.read_text(encoding="utf-8")
+            load_toml(text)  # bounded first: tomlkit recurses on deep nesting too
+            doc = tomlkit.parse(text)
+        except (TOMLKitError, BoundedLoadError, ValueError) as exc:
             raise CrucibleError(f"{path.name} is not valid TOML ({exc})", "fix the file, then save the rule again") from None
     if "permissions" not in doc:
         doc["permissions"] = tomlkit.table()
@@ -306,5 +310,5 @@ def save_permission_rule(path: Path, tool: str, rule: str) -> None:
     if not isinstance(section, dict):
         raise CrucibleError(f"{path.name}: `permissions` is not a table", "make it a [permissions] table")
     section[tool] = rule
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, tomlkit.dumps(doc))
+    private_dir(path.parent)
+    atomic_write_text(path, tomlkit.dumps(doc), new_file_mode=FILE_MODE)  # it may hold keys: 0600

@@ -56,8 +56,15 @@ def test_a_flood_reaches_the_editor_whole_in_order_and_before_the_prompt_result(
     answer = next(i for i, f in enumerate(editor.frames) if isinstance(f.get("result"), dict)
                   and "stopReason" in f["result"])
     assert chunks[-1][0] < answer, "the prompt's result overtook streamed updates"
-    # Crucible's own transcript has the whole message, once.
-    messages = [e["text"] for e in saved_events(acp, sid) if e.get("type") == "agent_message"]
+    # Crucible's own transcript has the whole message, once (written as it streams: a part
+    # flushed after a second is followed by events marked "cont", the rest of the same message).
+    messages: list[str] = []
+    for e in saved_events(acp, sid):
+        if e.get("type") == "agent_message":
+            if e.get("cont") and messages:
+                messages[-1] += e["text"]
+            else:
+                messages.append(e["text"])
     assert messages == ["".join(f"word{i} " for i in range(n))]
 
 

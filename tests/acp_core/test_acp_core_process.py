@@ -13,6 +13,7 @@ import trio.testing
 
 import acp_host.process as process_mod
 from acp_host.process import AgentProcess, AgentStartError, login_shell_path, merge_paths
+from acp_host.reaper import reaper_pid
 
 PY = sys.executable
 
@@ -31,11 +32,26 @@ def _gone(pid: int) -> bool:
 
 
 def _no_children_left() -> bool:
-    try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return pid != 0 and _no_children_left()
+    """No child of ours is left (exited ones are reaped here), but the agents' watchdog
+    (acp_host.reaper), which lives as long as this process by design."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            break
+    me = str(os.getpid())
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:].split()[1] == me:
+            children.append(int(entry))
+    return [p for p in children if p != reaper_pid()] == []
 
 
 async def _read_line(stream: trio.abc.ReceiveStream) -> bytes:

@@ -123,8 +123,9 @@ def test_a_url_from_the_environment_is_checked_once_filled_in() -> None:
     assert ok[0]["url"] == "http://127.0.0.1:9/mcp"
     with pytest.raises(CardError) as err:
         c.acp_mcp_servers(caps(http=True), "opencode", env={"DOCS_URL": "127.0.0.1:9/mcp"})
-    assert err.value.message == ("card kiln:docs.md: mcp_servers[0].url of MCP server 'docs' is '127.0.0.1:9/mcp' "
-                                 "once filled in from the environment, not an http:// or https:// address")
+    # The value is not echoed: it came from the environment and may hold a token (issue 17.5).
+    assert err.value.message == ("card kiln:docs.md: mcp_servers[0].url of MCP server 'docs', once filled in "
+                                 "from the environment, is not an http:// or https:// address")
     assert err.value.fix is not None and err.value.fix.startswith("set the variable to the server's address")
 
 
@@ -176,7 +177,10 @@ def test_the_agent_calls_a_tool_on_the_cards_stdio_server_and_the_person_sees_th
     assert res.returncode == 0, res.stderr[-3000:]
     # What the person sees: the tool call and the server's reply, carrying the card's env.
     assert "[tool] echo: semantic_search (other): completed" in res.stderr, res.stderr
-    assert f"Best match: notes/{SECRET}.md" in res.stdout, res.stdout
+    # (The value came from {env:CARD_SECRET}: the person sees it redacted, issue 17.5; the
+    # agent's own log shows the server really had it.)
+    assert "Best match: notes/***.md" in res.stdout and SECRET not in res.stdout, res.stdout
+    assert any(f"Best match: notes/{SECRET}.md" in json.dumps(e) for e in setup.entries("solo"))
     assert res.stdout.rstrip().endswith("DONE")
     assert [c["query"] for c in echo_calls(setup)] == ["bread"]
     # What the agent was given: the bridge first, then the card's server, as written.
@@ -185,9 +189,10 @@ def test_the_agent_calls_a_tool_on_the_cards_stdio_server_and_the_person_sees_th
     assert servers[1] == {"name": "echo", "command": sys.executable,
                           "args": ["tools/echo_server.py", "--log", "echo-calls.jsonl"],
                           "env": [{"name": "ECHO_MCP_RESULT", "value": f"notes/{SECRET}.md"}]}
-    # The saved transcript has the reply too.
+    # The saved transcript has the reply too, the secret redacted as on screen.
     transcripts = list((Path(setup.env["XDG_DATA_HOME"]) / "crucible").rglob("*.md"))
-    assert any(f"Best match: notes/{SECRET}.md" in t.read_text() for t in transcripts), transcripts
+    assert any("Best match: notes/***.md" in t.read_text() for t in transcripts), transcripts
+    assert not any(SECRET in t.read_text() for t in transcripts)
 
 
 def test_a_missing_variable_stops_the_session_with_the_fix(setup: Setup) -> None:

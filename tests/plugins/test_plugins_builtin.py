@@ -10,6 +10,8 @@ from pathlib import Path
 from conftest import bridge_for, host_for, texts
 from mcp.client.client import Client
 
+README = Path(__file__).resolve().parents[2] / "README.md"
+
 TASKS = """# Tasks
 
 - [x] Outline the book [id:: outline]
@@ -87,7 +89,7 @@ async def test_tasks_without_a_task_file_says_how_to_start(tmp_path: Path, env: 
 
 
 async def test_the_readme_example_works_as_pasted(tmp_path: Path, env: dict[str, str], kiln: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = README.read_text()
     section = readme[readme.index("## Lua plugin tools"):]
     example = section.split("```lua\n", 1)[1].split("```", 1)[0]
     assert len(example.splitlines()) <= 15

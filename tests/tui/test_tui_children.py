@@ -147,6 +147,9 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     screen = fam.open()
     screen.wait_for("ready")
     screen.type_line("delegate it")
+    # The child runs a command without asking first: Crucible asks the person (issue 17.3).
+    screen.wait_all("Permission: parent › helper wants to run", "run echo hello-from-the-child")
+    screen.send("y")
     # While the child waits for the person: its section is open under the parent's call, its
     # text and tool call indented in it, and the dialog (labelled with the chain) is visible too.
     shown = screen.wait_all("▾ parent › helper — running", "Permission: parent › helper wants to run",

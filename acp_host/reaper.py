@@ -1,0 +1,121 @@
+"""Agents die with their host, however the host dies (kill -9, a closed terminal, a crash).
+
+Teardown code cannot run when the host is killed, and an agent in its own process group
+outlives it (claude-agent-acp ignores stdin EOF and starts its own CLI, which would run on
+under PID 1). So each host process has one small watchdog, started with the first agent: a
+separate Python process, in its own session (a terminal's SIGHUP or Ctrl-C does not reach it),
+that is told over a pipe which process groups the host owns. When the pipe reaches EOF — the
+host exited, normally or not — it sends SIGTERM to every group still listed, and SIGKILL
+~1 s later to what is left. Linux's PR_SET_PDEATHSIG would reach only the direct child (not the
+CLI the adapter starts) and fires when the forking *thread* exits; a pipe has neither problem
+and works on every POSIX system.
+
+`watch_group(pgid)` when a group is started, `unwatch_group(pgid)` once it is gone. Both are
+cheap (one short write) and never raise: without a watchdog the host still tears its
+groups down itself on every orderly way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import IO
+
+__all__ = ["reaper_pid", "unwatch_group", "watch_group"]
+
+logger = logging.getLogger(__name__)
+
+# The watchdog itself: standard library only, no site packages (starts in ~20 ms).
+_WATCHDOG = r"""
+import os, signal, sys, time
+for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
+    signal.signal(sig, signal.SIG_IGN)
+groups = set()
+for line in sys.stdin.buffer:
+    try:
+        sign, pgid = line[:1], int(line[1:])
+    except ValueError:
+        continue
+    if pgid <= 1:
+        continue
+    if sign == b"+":
+        groups.add(pgid)
+    else:
+        groups.discard(pgid)
+def alive():
+    out = set()
+    for g in groups:
+        try:
+            os.killpg(g, 0)
+            out.add(g)
+        except OSError:
+            pass
+    return out
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    groups = alive()
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 1.0
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.02)
+        groups = alive()
+"""
+
+_lock = threading.Lock()
+_process: subprocess.Popen[bytes] | None = None
+_pipe: IO[bytes] | None = None
+_owner_pid = 0  # the pid that started the watchdog (a forked child must start its own)
+
+
+def _ensure() -> IO[bytes] | None:
+    global _process, _pipe, _owner_pid
+    if _pipe is not None and _owner_pid == os.getpid():
+        return _pipe
+    try:
+        _process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+            env={},  # it needs none, and holds no copy of the person's keys
+            cwd="/",  # nor keeps a folder busy
+        )
+    except OSError as exc:
+        logger.warning("could not start the watchdog that stops agents if this process dies: %s", exc)
+        return None
+    _pipe, _owner_pid = _process.stdin, os.getpid()
+    return _pipe
+
+
+def _tell(line: bytes) -> None:
+    with _lock:
+        pipe = _ensure()
+        if pipe is None:
+            return
+        try:
+            pipe.write(line)
+            pipe.flush()
+        except OSError:  # the watchdog is gone (killed by hand): start another next time
+            global _pipe
+            _pipe = None
+
+
+def watch_group(pgid: int) -> None:
+    """Have the watchdog stop process group `pgid` if this process dies before it is gone."""
+    _tell(b"+%d\n" % pgid)
+
+
+def unwatch_group(pgid: int) -> None:
+    """The group is gone (or no longer ours): forget it."""
+    if _pipe is not None:
+        _tell(b"-%d\n" % pgid)
+
+
+def reaper_pid() -> int | None:
+    """The watchdog's pid, if it runs (for diagnostics and tests)."""
+    return _process.pid if _process is not None and _process.poll() is None else None

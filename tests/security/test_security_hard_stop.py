@@ -1,0 +1,346 @@
+"""17.7 and 16.1 with the scripted agent, as real process trees: a crash (kill -9) of
+`cru chat -p` mid-turn keeps the prompt and the streamed output on disk and takes the agent
+with it; SIGTERM and SIGHUP stop `cru chat -p`, `cru acp` and `cru mcp` and everything under
+them within ~2 s (no 30 s graceful cancel); an editor that dies takes `cru acp` along (stdin
+EOF, and the parent-death check when the pipe is held elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    REPO,
+    RawAcp,
+    Screen,
+    descendants,
+    pid_alive,
+    script_file,
+    scripted_command,
+    wait_until,
+)
+
+# An agent that streams, starts a tool call, streams more, then waits for ever: it ignores
+# session/cancel's wish to wrap up and keeps running when its stdin closes (as Claude does).
+STALLING = {"ignore_stdin_close": True, "prompts": [{"steps": [
+    {"text": "streamed before the tool"},
+    {"tool_call": {"toolCallId": "t1", "title": "Long task", "kind": "execute", "status": "pending"}},
+    {"text": " and after it"},
+    {"sleep": 3600}]}]}
+# Bound for "at once": the issue's 2 s, plus slack for a loaded 2-core test machine.
+STOP_BOUND = 3.0
+
+
+def _session_folder(env: dict[str, str]) -> Path:
+    sessions = Path(env["XDG_DATA_HOME"]) / "crucible" / "sessions"
+    return wait_until(lambda: next(iter(sessions.iterdir()), None) if sessions.is_dir() else None, 30,
+                      "the session folder")
+
+
+def _all_gone(pids: set[int], timeout: float) -> set[int]:
+    """The pids still alive after `timeout` seconds (empty: all gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = {p for p in pids if pid_alive(p)}
+        if not alive:
+            return set()
+        time.sleep(0.02)
+    alive = {p for p in pids if pid_alive(p)}
+    for p in alive:  # reported to the test, then stopped: a failing test leaves nothing running
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return alive
+
+
+def _agent_pids(root: int) -> set[int]:
+    return {p for p in descendants(root) if "scripted_agent.py" in _cmdline(p)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _read_stream_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> str:
+    """Read the child's stdout (a pipe) until `text` shows; bounded by a watchdog kill."""
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    os.set_blocking(proc.stdout.fileno(), False)
+    while text not in seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {text!r}; got {seen!r}")
+        try:
+            chunk = proc.stdout.read()
+        except (BlockingIOError, TypeError):  # nothing there yet (text mode over a non-blocking pipe)
+            chunk = None
+        if chunk:
+            seen += chunk
+        else:
+            time.sleep(0.02)
+    return seen
+
+
+def test_kill_9_mid_turn_keeps_the_prompt_and_the_streamed_text_and_takes_the_agent(chat: Any) -> None:
+    proc = chat.spawn(STALLING, "my question, kept")
+    try:
+        _read_stream_until(proc, "and after it")
+        folder = _session_folder(chat.env)
+        events = folder / "events.jsonl"
+        # Written as it happens: within about a second of being shown.
+        wait_until(lambda: "and after it" in events.read_text(), 5, "the streamed text on disk")
+        agents = _agent_pids(proc.pid)
+        assert agents, "the scripted agent is not running under cru"
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not _all_gone(agents, 5), "the agent outlived cru's kill -9"
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [e["type"] for e in lines]
+    assert {"type": "user_message", "text": "my question, kept"}.items() <= lines[kinds.index("user_message")].items()
+    text = "".join(e["text"] for e in lines if e["type"] == "agent_message")
+    assert text == "streamed before the tool and after it"
+    assert "tool_call" in kinds
+    meta = json.loads((folder / "session.json").read_text())
+    assert meta["title"] == "my question, kept"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_chat_p_and_its_agent_at_once(chat: Any, sig: signal.Signals) -> None:
+    proc = chat.spawn(STALLING, "wait for me")
+    try:
+        _read_stream_until(proc, "and after it")
+        tree = descendants(proc.pid)
+        assert _agent_pids(proc.pid)
+        started = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < STOP_BOUND, f"cru chat -p took {took:.1f} s to stop on {sig.name}"
+    assert code == 128 + sig
+    assert not _all_gone(tree, 2), "processes outlived cru"
+    # The transcript was closed properly on the way out.
+    events = (_session_folder(chat.env) / "events.jsonl").read_text()
+    assert "and after it" in events
+
+
+def _acp(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path) -> RawAcp:
+    script = script_file(tmp, {**STALLING, "log": str(tmp / "agent.jsonl")})
+    return RawAcp([cru_bin, "acp", "--agent-command", scripted_command(script), "--kiln", str(kiln)],
+                  env, tmp, tmp / "acp.err")
+
+
+def _acp_mid_turn(editor: RawAcp, cwd: Path) -> None:
+    editor.initialize()
+    sid = editor.request("session/new", {"cwd": str(cwd), "mcpServers": []})["result"]["sessionId"]
+    editor.send({"jsonrpc": "2.0", "id": 77, "method": "session/prompt",
+                 "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}})
+    editor.wait_for(lambda f: "and after it" in json.dumps(f))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_cru_acp_and_its_backends_at_once(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                         tmp_path: Path, sig: signal.Signals) -> None:
+    editor = _acp(cru_bin, clean_env, kiln, tmp_path)
+    try:
+        _acp_mid_turn(editor, tmp_path)
+        tree = descendants(editor.proc.pid)
+        assert _agent_pids(editor.proc.pid)
+        started = time.monotonic()
+        editor.proc.send_signal(sig)
+        code = editor.proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        editor.close()
+    assert took < STOP_BOUND, f"cru acp took {took:.1f} s to stop on {sig.name}"
+    assert code == 0  # told to stop: a normal end for the editor
+    assert not _all_gone(tree, 2)
+
+
+# An editor: starts `cru acp` with pipes, drives it into a turn, then waits to be killed. With
+# HOLD, the test process holds a second copy of cru acp's stdin, so the editor's death closes
+# nothing: only the parent-death check can tell.
+EDITOR = r"""
+import json, os, subprocess, sys, time
+argv, read_fd, write_fd = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+proc = subprocess.Popen(argv, stdin=read_fd if read_fd >= 0 else subprocess.PIPE, stdout=subprocess.PIPE)
+out = proc.stdout
+def send(frame):
+    data = (json.dumps(frame) + "\n").encode()
+    if proc.stdin is not None:
+        proc.stdin.write(data); proc.stdin.flush()
+    else:
+        os.write(write_fd, data)
+def wait_id(i):
+    for line in out:
+        frame = json.loads(line)
+        if frame.get("id") == i and "method" not in frame:
+            return frame
+send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1, "clientCapabilities": {}}})
+wait_id(1)
+send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": sys.argv[4], "mcpServers": []}})
+sid = wait_id(2)["result"]["sessionId"]
+send({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}})
+for line in out:
+    if b"and after it" in line:
+        break
+print(proc.pid, flush=True)
+while True:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("hold_stdin", [False, True], ids=["stdin-eof", "parent-death-check"])
+def test_an_editor_that_dies_takes_cru_acp_and_its_backends(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                            tmp_path: Path, hold_stdin: bool) -> None:
+    script = script_file(tmp_path, {**STALLING, "log": str(tmp_path / "agent.jsonl")})
+    argv = [cru_bin, "acp", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
+    read_fd, write_fd = os.pipe() if hold_stdin else (-1, -1)
+    pass_fds = (read_fd, write_fd) if hold_stdin else ()
+    editor = subprocess.Popen([sys.executable, "-c", EDITOR, json.dumps(argv), str(read_fd), str(write_fd),
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True, env=clean_env,
+                              pass_fds=pass_fds, start_new_session=True)
+    try:
+        assert editor.stdout is not None
+        acp_pid = int(wait_until(editor.stdout.readline, 90, "the editor's turn"))
+        tree = descendants(acp_pid) | {acp_pid}
+        assert _agent_pids(acp_pid)
+        editor.kill()  # the editor crashes
+        editor.wait(10)
+        left = _all_gone(tree, 5)
+    finally:
+        if editor.poll() is None:
+            editor.kill()
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+    assert not left, f"left running after the editor died: {[_cmdline(p) for p in left]}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_cru_mcp_at_once(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                        sig: signal.Signals) -> None:
+    proc = subprocess.Popen([cru_bin, "mcp", "--kiln", str(kiln)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=clean_env, start_new_session=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+                         .encode() + b"\n")
+        proc.stdin.flush()
+        assert b'"id":1' in proc.stdout.readline().replace(b" ", b"")
+        started = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < STOP_BOUND and code == 0, (took, code)
+
+
+# An upstream MCP server that leaves a process running once its stdin closes (as a wrapper
+# script that starts the real server and then something else would): the SDK's server exits
+# on EOF, the shell that ran it then sleeps on.
+UPSTREAM = REPO / "tests" / "gateway" / "gateway_upstream.py"
+
+
+def test_kill_9_of_cru_mcp_takes_its_upstream_servers(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                      tmp_path: Path) -> None:
+    shell = f"'{sys.executable}' '{UPSTREAM}' stdio; sleep 3600"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                      f'command = "/bin/sh"\nargs = ["-c", {json.dumps(shell)}]\n')
+    client = RawAcp([cru_bin, "--config", str(config), "mcp", "--kiln", str(kiln)], clean_env, tmp_path,
+                    tmp_path / "mcp.err")
+    try:
+        client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                      "clientInfo": {"name": "t", "version": "1"}})
+        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        tools = client.request("tools/list", {})  # the first listing starts the upstreams
+        assert "up_add" in json.dumps(tools), tools
+        tree = descendants(client.proc.pid)
+        assert any("gateway_upstream.py" in _cmdline(p) for p in tree), [_cmdline(p) for p in tree]
+        client.proc.kill()
+        client.proc.wait(10)
+        left = _all_gone(tree, 5)
+    finally:
+        client.close()
+    assert not left, f"left running after cru mcp was killed: {[_cmdline(p) for p in left]}"
+
+
+def _chat_mid_turn(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path, *, stderr_to: Path | None = None) -> Any:
+    """Interactive `cru chat` on a pty, mid-turn with the stalling agent (its stderr in a file
+    when given: a closed terminal shows nothing)."""
+    script = script_file(tmp, STALLING)
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
+    if stderr_to is not None:
+        argv = ["/bin/sh", "-c", f'exec "$@" 2>"{stderr_to}"', "sh", *argv]
+    screen = Screen(argv, {**env, "TERM": "xterm-256color"}, tmp, cols=100, rows=30)
+    screen.wait_for("ready", timeout=60)
+    screen.type_line("my question, kept")
+    screen.wait_for("and after it", timeout=60)
+    return screen
+
+
+def test_sigterm_stops_the_interactive_chat_and_gives_the_terminal_back(cru_bin: str, clean_env: dict[str, str],
+                                                                      kiln: Path, tmp_path: Path) -> None:
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru) | {cru}
+        assert _agent_pids(cru)
+        started = time.monotonic()
+        os.kill(cru, signal.SIGTERM)
+        code = screen.wait_exit(30)
+        took = time.monotonic() - started
+    finally:
+        screen.close()
+    assert took < STOP_BOUND, f"cru chat took {took:.1f} s to stop on SIGTERM"
+    assert code == 128 + signal.SIGTERM
+    assert not _all_gone(tree, 2)
+    # The person's terminal is as it was: the full-screen view left, the cursor shown.
+    assert screen.raw.rfind(b"\x1b[?1049l") > screen.raw.rfind(b"\x1b[?1049h") >= 0
+    assert screen.raw.rfind(b"\x1b[?25h") > screen.raw.rfind(b"\x1b[?25l")
+    events = (_session_folder(clean_env) / "events.jsonl").read_text()
+    assert "my question, kept" in events and "and after it" in events
+
+
+def test_closing_the_terminal_of_the_interactive_chat_keeps_the_turn_and_says_nothing(
+        cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    err = tmp_path / "chat.err"
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path, stderr_to=err)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru) | {cru}
+        assert _agent_pids(cru)
+        screen.child.close(force=False)  # the window closes: the pty goes away, SIGHUP
+        left = _all_gone(tree, STOP_BOUND)
+    finally:
+        screen.close()
+    assert not left, f"left running after the terminal closed: {[_cmdline(p) for p in left]}"
+    assert "Traceback" not in err.read_text()  # no error restoring a terminal that is gone
+    events = (_session_folder(clean_env) / "events.jsonl").read_text()
+    assert "my question, kept" in events and "and after it" in events
+
+
+def _cru_pid(pid: int) -> int:
+    """`cru` itself: `pid`, or the process it exec'd into (the same pid), once it runs."""
+    wait_until(lambda: "cru" in _cmdline(pid) and "chat" in _cmdline(pid), 10, "cru chat to run")
+    return pid

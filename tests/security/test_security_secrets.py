@@ -1,0 +1,158 @@
+"""17.5: secrets redacted wherever shown or saved — `{env:…}` values (profiles, cards) and bearer
+tokens in `--record` recordings, `cru agents` / `cru doctor`, start errors, a card url's error,
+the session's own files — and those files 0600 in 0700 folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import SCRIPTED, Screen, script_file, scripted_command
+
+from crucible.private_files import FILE_MODE, FOLDER_MODE
+
+CARD_SECRET = "card-secret-5d1e9a"
+PROFILE_SECRET = "profile-secret-77c3b2"
+URL_SECRET = "tok-3f9a1c@internal"
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _card_with_secrets(kiln: Path) -> None:
+    folder = kiln / ".crucible" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "keyed.md").write_text(
+        "---\ndescription: a card whose MCP server needs a key\nmcp_servers:\n"
+        f"  - name: echo\n    command: {sys.executable}\n    args: [server.py, \"--key={{env:CARD_TOKEN}}\"]\n"
+        "    env: {TOKEN: \"{env:CARD_TOKEN}\"}\n---\nUse the key.\n")
+
+
+def test_recording_holds_no_secret_and_is_private(chat: Any) -> None:
+    _card_with_secrets(chat.kiln)
+    chat.env["CARD_TOKEN"] = CARD_SECRET
+    record = chat.tmp / "rec.jsonl"
+    done = chat.run({"prompts": [[{"text": f"the key is {CARD_SECRET}"}]]}, "hello", "--card", "keyed",
+                    "--record", str(record))
+    assert done.returncode == 0, done.stderr
+    # What the agent really got (its own log), so the test knows what must not be in the recording.
+    sent = next(e["frame"] for e in chat.agent_log() if e.get("kind") == "in"
+                and e["frame"].get("method") == "session/new")
+    servers = sent["params"]["mcpServers"]
+    bridge = next(s for s in servers if s["name"] == "crucible")
+    token = (bridge.get("headers") or bridge.get("env"))[0]["value"].removeprefix("Bearer ")
+    assert len(token) > 10 and any(CARD_SECRET in json.dumps(s) for s in servers)
+    text = record.read_text()
+    assert token not in text and CARD_SECRET not in text
+    assert "***" in text and "hello" in text  # the recording is still a recording
+    assert _mode(record) == FILE_MODE
+    # The agent's message echoed the key: shown and saved as *** too.
+    assert CARD_SECRET not in done.stdout and "the key is ***" in done.stdout
+    sessions = Path(chat.env["XDG_DATA_HOME"]) / "crucible" / "sessions"
+    for path in sessions.rglob("*"):
+        if path.is_file():
+            assert CARD_SECRET not in path.read_text() and token not in path.read_text(), path
+
+
+def test_session_files_are_private(chat: Any) -> None:
+    done = chat.run(None, "hello")
+    assert done.returncode == 0, done.stderr
+    data = Path(chat.env["XDG_DATA_HOME"]) / "crucible"
+    (folder,) = list((data / "sessions").iterdir())
+    assert _mode(data) == FOLDER_MODE and _mode(data / "sessions") == FOLDER_MODE and _mode(folder) == FOLDER_MODE
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["events.jsonl", "session.json", "transcript.md"]
+    assert all(_mode(folder / name) == FILE_MODE for name in files)
+
+
+def _profile_config(tmp: Path, argv_tail: list[str]) -> Path:
+    config = tmp / "config.toml"
+    args = json.dumps([str(SCRIPTED), *argv_tail, "--key={env:PROFILE_KEY}"])
+    config.write_text(f'[agents.keyed]\ncommand = "{sys.executable}"\nargs = {args}\n'
+                      '[agents.keyed.env]\nOTHER = "{env:PROFILE_KEY}"\n')
+    return config
+
+
+def _quiet_env(env: dict[str, str], tmp: Path, config: Path) -> dict[str, str]:
+    """No real agents on PATH (and no npx): `cru agents` probes only the profile."""
+    out = {**env, "CRUCIBLE_CONFIG": str(config), "PROFILE_KEY": PROFILE_SECRET, "CRUCIBLE_LOGIN_PATH": "0",
+           "PATH": str(Path(sys.executable).parent), "HOME": str(tmp / "home")}
+    return out
+
+
+def test_agents_and_doctor_never_print_a_profile_secret(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                        tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text("{}")
+    env = _quiet_env(clean_env, tmp_path, _profile_config(tmp_path, [str(script)]))
+    for argv in ([cru_bin, "agents"], [cru_bin, "doctor", "--kiln", str(kiln)]):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert "keyed" in done.stdout, done.stdout + done.stderr
+        assert PROFILE_SECRET not in done.stdout + done.stderr
+        assert re.search(r"keyed\s+ok\b.*--key=\*\*\*", done.stdout), done.stdout
+
+
+def test_a_start_error_never_prints_a_profile_secret(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                     tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"startup": [{"crash": {"code": 3, "stderr": f"bad key {PROFILE_SECRET}"}}]}))
+    env = _quiet_env(clean_env, tmp_path, _profile_config(tmp_path, [str(script)]))
+    done = subprocess.run([cru_bin, "chat", "-a", "keyed", "--kiln", str(kiln), "-p", "hi"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "exited" in done.stderr, done.stderr
+    assert PROFILE_SECRET not in done.stderr and "--key=***" in done.stderr and "bad key ***" in done.stderr
+
+
+def test_a_card_url_from_the_environment_is_not_echoed_in_its_error(chat: Any) -> None:
+    folder = chat.kiln / ".crucible" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "docs.md").write_text('---\ndescription: docs\nmcp_servers:\n  - name: docs\n    url: "{env:DOCS_URL}"\n'
+                                    "---\n")
+    chat.env["DOCS_URL"] = URL_SECRET
+    done = chat.run({"initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": True}}}}},
+                    "hi", "--card", "docs")
+    assert done.returncode == 1 and "is not an http:// or https:// address" in done.stderr, done.stderr
+    assert URL_SECRET not in done.stderr
+
+
+def test_a_config_cru_writes_is_private(tmp_path: Path) -> None:
+    from crucible.tui.permissions import save_permission_rule
+
+    path = tmp_path / "fresh" / "crucible" / "config.toml"
+    old = os.umask(0o022)
+    try:
+        save_permission_rule(path, "create_note", "allow")
+    finally:
+        os.umask(old)
+    assert _mode(path) == FILE_MODE and _mode(path.parent) == FOLDER_MODE
+    assert 'create_note = "allow"' in path.read_text()
+
+
+def test_the_chat_history_is_private(cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    """The prompts typed in `cru chat` (kept for the up arrow) are the person's: 0600 in a 0700 folder."""
+    script = script_file(tmp_path, {"prompts": [[{"text": "noted"}]]})
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
+    old = os.umask(0o022)
+    try:
+        screen = Screen(argv, {**clean_env, "TERM": "xterm-256color"}, tmp_path, cols=100, rows=30)
+    finally:
+        os.umask(old)
+    try:
+        screen.wait_for("ready", timeout=60)
+        screen.type_line("my api key is hunter2")
+        screen.wait_for("noted", timeout=60)
+        screen.send("\x04")  # Ctrl-D leaves
+        assert screen.wait_exit() == 0
+    finally:
+        screen.close()
+    data = Path(clean_env["XDG_DATA_HOME"]) / "crucible"
+    history = data / "chat-history"
+    assert "my api key is hunter2" in history.read_text()
+    assert _mode(history) == FILE_MODE and _mode(data) == FOLDER_MODE

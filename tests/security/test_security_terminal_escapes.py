@@ -1,0 +1,102 @@
+"""17.6: no agent-, note-, card- or session-derived string reaches the person's terminal with
+its control characters live: logs ("skipped a line"), start errors, `-p` output (text and
+JSON), and the commands that print notes, cards and sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from conftest import RawAcp, script_file, scripted_command
+
+# OSC 0 (window title), OSC 52 (clipboard write), clear screen, RLO, and an 8-bit CSI.
+HOSTILE = "\x1b]0;pwned\x07 \x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J \u202e \x9b31m"
+LIVE = ("\x1b", "\x07", "\u202e", "\x9b")
+
+
+def assert_inert(text: str, where: str) -> None:
+    live = [repr(c) for c in LIVE if c in text]
+    assert not live, f"{where} carries live control characters {live}: {text[-600:]!r}"
+
+
+def test_chat_p_skipped_line_log_and_text_are_inert(chat: Any) -> None:
+    done = chat.run({"startup": [{"garbage": f"not json {HOSTILE}"}],
+                     "prompts": [[{"text": f"answer {HOSTILE}"}]]}, "hello")
+    assert done.returncode == 0, done.stderr
+    assert "skipped a line" in done.stderr and "^[]0;pwned^G" in done.stderr
+    assert_inert(done.stderr, "stderr")
+    assert "answer ^[]0;pwned^G" in done.stdout
+    assert_inert(done.stdout, "stdout")
+
+
+def test_chat_p_json_output_is_inert_and_keeps_the_text(chat: Any) -> None:
+    done = chat.run({"prompts": [[{"text": f"answer {HOSTILE}"}]]}, "hello", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert_inert(done.stdout, "stdout")
+    texts = [e.get("text", "") for e in map(json.loads, done.stdout.splitlines()) if e.get("type") == "message_chunk"]
+    assert "".join(texts) == f"answer {HOSTILE}"  # the JSON value is unchanged, only escaped
+
+
+def test_start_error_with_hostile_stderr_is_inert(chat: Any) -> None:
+    done = chat.run({"startup": [{"crash": {"code": 3, "stderr": f"boom {HOSTILE}"}}]}, "hello")
+    assert done.returncode == 1
+    assert "boom ^[]0;pwned^G" in done.stderr and "Traceback" not in done.stderr
+    assert_inert(done.stderr, "stderr")
+
+
+def test_cru_acp_skipped_line_log_is_inert(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                           tmp_path: Path) -> None:
+    script = script_file(tmp_path, {"new_session": {"after": [{"garbage": f"junk {HOSTILE}"}]}})
+    editor = RawAcp([cru_bin, "acp", "--agent-command", scripted_command(script), "--kiln", str(kiln)],
+                    clean_env, tmp_path, tmp_path / "acp.err")
+    try:
+        editor.initialize()
+        made = editor.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        assert "result" in made, made
+        ended = editor.request("session/prompt", {"sessionId": made["result"]["sessionId"],
+                                                  "prompt": [{"type": "text", "text": "hi"}]})
+        assert ended.get("result", {}).get("stopReason") == "end_turn", ended
+    finally:
+        editor.close()
+    err = editor.stderr()
+    assert "skipped a line" in err and "junk ^[]0;pwned^G" in err
+    assert_inert(err, "cru acp's stderr")
+
+
+def test_session_list_show_export_are_inert(chat: Any) -> None:
+    done = chat.run({"prompts": [[{"text": f"reply {HOSTILE}"}]]}, f"title {HOSTILE}")
+    assert done.returncode == 0, done.stderr
+    run = {"env": chat.env, "capture_output": True, "text": True, "timeout": 60}
+    listed = subprocess.run([chat.cru, "session", "list"], **run)
+    assert "title ^[]0;pwned^G" in listed.stdout
+    assert_inert(listed.stdout, "session list")
+    session_id = listed.stdout.split()[0]
+    shown = subprocess.run([chat.cru, "session", "show", session_id], **run)
+    assert "reply ^[]0;pwned^G" in shown.stdout
+    assert_inert(shown.stdout, "session show")
+    exported = subprocess.run([chat.cru, "session", "export", session_id], **run)
+    assert_inert(exported.stdout, "session export")
+    events = json.loads(exported.stdout)["events"]
+    assert any(e.get("text") == f"reply {HOSTILE}" for e in events)  # the JSON value unchanged
+
+
+def test_cards_and_kiln_search_are_inert(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                         tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".crucible" / "agents").mkdir(parents=True)
+    (project / ".crucible" / "agents" / "evil.md").write_text(
+        f"---\ndescription: {json.dumps('evil ' + HOSTILE)}\n---\nbody {HOSTILE}\n")  # YAML escapes
+    (kiln / "Evil.md").write_text(f"# Evil {HOSTILE}\nzanzibar quokka {HOSTILE}\n")
+    run = {"env": clean_env, "capture_output": True, "text": True, "timeout": 300, "cwd": project}
+    listed = subprocess.run([cru_bin, "cards", "list", "--kiln", str(kiln)], **run)
+    assert listed.returncode == 0 and "evil ^[]0;pwned^G" in listed.stdout, listed.stderr
+    assert_inert(listed.stdout, "cards list")
+    shown = subprocess.run([cru_bin, "cards", "show", "evil", "--kiln", str(kiln)], **run)
+    assert shown.returncode == 0 and "body ^[]0;pwned^G" in shown.stdout, shown.stderr
+    assert_inert(shown.stdout, "cards show")
+    found = subprocess.run([cru_bin, "kiln", "search", "zanzibar quokka", "--mode", "text", "--kiln", str(kiln)],
+                           **run)
+    assert found.returncode == 0 and "Evil" in found.stdout, found.stderr
+    assert_inert(found.stdout + found.stderr, "kiln search")
