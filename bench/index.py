@@ -140,7 +140,8 @@ def run(label: str, kiln: Path, change: str) -> dict[str, float]:
 
 def search_costs(label: str, kiln: Path) -> None:
     """What a new process pays before its first search on this kiln, and per search after."""
-    from crucible.kiln.search import hybrid_search, property_search, text_search
+    from crucible.kiln.filesearch import property_search, text_search
+    from crucible.kiln.search import hybrid_search
 
     def timed(fn: Callable[[], object]) -> float:
         t0 = time.perf_counter()
@@ -168,7 +169,7 @@ def search_costs(label: str, kiln: Path) -> None:
     (kiln / ".crucible" / "properties.json").unlink(missing_ok=True)
     prop1 = timed(lambda: property_search(kiln, "status:unheard-of", limit=10))
     prop2 = timed(lambda: property_search(kiln, "status:unheard-of", limit=10))
-    import crucible.kiln.search as search_mod  # a new process: only the saved properties left
+    import crucible.kiln.filesearch as search_mod  # a new process: only the saved properties left
 
     search_mod._stores.clear()
     search_mod._cache = search_mod._NoteCache()

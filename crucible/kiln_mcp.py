@@ -235,40 +235,34 @@ class CrucibleKilnBackend:
 
             self._index = self._call("", load)
 
-    def _hits(self, results: list[Any]) -> list[SearchHit]:
-        return [
-            SearchHit(
-                path=r.path,
-                title=r.title,
-                score=float(r.score),
-                heading=r.heading or None,
-                snippet=self.redact(r.snippet or ""),
-            )
-            for r in results
-        ]
+    def _redacted(self, hits: list[SearchHit]) -> list[SearchHit]:
+        """Snippets quote notes, which may hold the machine's paths: the last safety net."""
+        for hit in hits:
+            hit.snippet = self.redact(hit.snippet)
+        return hits
 
     def semantic_search(self, query: str, limit: int) -> list[SearchHit]:
         from crucible.kiln import search
 
         # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-        return self._call(query, lambda: self._hits(search.hybrid_search(self._index, query, limit)))
+        return self._call(query, lambda: self._redacted(search.hybrid_search(self._index, query, limit)))
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
-        from crucible.kiln import search
+        from crucible.kiln import filesearch
 
         return self._call(
-            query, lambda: self._hits(search.text_search(self.root, query, limit, regex, case_sensitive))
+            query, lambda: self._redacted(filesearch.text_search(self.root, query, limit, regex, case_sensitive))
         )
 
     def property_search(
         self, query: str | None, *, key: str | None, value: str | None, tag: str | None, limit: int
     ) -> list[SearchHit]:
-        from crucible.kiln import search
+        from crucible.kiln import filesearch
 
         return self._call(
             query or "",
-            lambda: self._hits(
-                search.property_search(self.root, query, key=key, value=value, tag=tag, limit=limit)
+            lambda: self._redacted(
+                filesearch.property_search(self.root, query, key=key, value=value, tag=tag, limit=limit)
             ),
         )
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 
 class KilnError(Exception):
@@ -69,14 +70,33 @@ class NoteEntry(_Model):
     modified: str
 
 
+class LineMatch(_Model):
+    line: int  # 1-based
+    text: str
+
+
 class SearchHit(_Model):
-    """One note in a search result (the command-line contract's shape)."""
+    """One note in a search result, from the search itself to the tool and the CLI.
+
+    The tools send the command-line contract's five fields; `line` and `matches` are for the
+    person at `cru kiln search` (`to_json`), so they are left out of the tool's schema."""
 
     path: str
     title: str
     score: float
     heading: str | None = None
     snippet: str
+    line: SkipJsonSchema[int | None] = Field(default=None, exclude=True)  # where the snippet starts
+    matches: SkipJsonSchema[list[LineMatch] | None] = Field(default=None, exclude=True)  # text search
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field that is known (the CLI's `--json`)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.line is not None:
+            data["line"] = self.line
+        if self.matches is not None:
+            data["matches"] = [m.model_dump() for m in self.matches]
+        return data
 
 
 class KilnInfo(_Model):

@@ -19,7 +19,8 @@ from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
 from crucible.kiln.paths import kiln_sizes
-from crucible.kiln.search import DEFAULT_MODE, SearchMode, SearchResult, run_search
+from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
+from mcp_bridge.kiln_api import SearchHit
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
 PLAIN_EVERY = 2.0
@@ -144,7 +145,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 # search
 
 
-def _format_result(n: int, r: SearchResult) -> str:
+def _format_result(n: int, r: SearchHit) -> str:
     head = f"{n}. {r.path}"
     if r.title and r.title != Path(r.path).stem:
         head += f" — {r.title}"

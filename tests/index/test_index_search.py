@@ -12,7 +12,8 @@ import pytest
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
-from crucible.kiln.index import Bm25, KilnIndex, tokenize
+from crucible.kiln.index import KilnIndex
+from crucible.kiln.lexical import Bm25, tokenize
 from crucible.kiln.search import (
     hybrid_search,
     property_search,
@@ -159,7 +160,7 @@ def test_snippet_centres_on_the_query() -> None:
 def test_lexical_index_is_saved_and_follows_other_processes(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crucible.kiln import index as index_mod
+    from crucible.kiln import store as store_mod
 
     def no_chroma_reads(*args: object, **kwargs: object) -> None:
         raise AssertionError("the BM25 index was rebuilt from Chroma instead of loaded")
@@ -179,7 +180,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
 
         b = fresh()
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert b.lexical_search("spaghetti", 3)[0][0] == "Cooking/Pasta.md"
 
         (tiny_kiln / "Links.md").write_text("# Linking notes\n\nZeppelins float over the harbour.\n")
@@ -189,7 +190,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
         assert a.lexical_search("wikilinks", 3) == []
         # b patched its index along and saved it: a third process loads it as it is
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert fresh().lexical_search("zeppelin", 3)[0][0] == "Links.md"
 
         # a watcher-style update is saved when the index closes
@@ -198,7 +199,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
         b.close()
         handles.remove(b)
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
 
         saved.write_text("{ not json")  # a damaged saved index is rebuilt from Chroma
@@ -210,7 +211,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
 
 
 def test_property_search_reuses_what_it_parsed(tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from crucible.kiln import search as search_mod
+    from crucible.kiln import filesearch as search_mod
 
     def new_process() -> None:
         monkeypatch.setattr(search_mod, "_stores", {})
