@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from mcp_bridge.kiln_api import LineMatch, SearchHit
 
 SNIPPET_CHARS = 300
 MAX_LIMIT = 100
+# How long one text search may spend matching a regular expression (the tool timeout is 30 s).
+REGEX_BUDGET = 10.0
 
 
 def check_query(query: str, limit: int) -> None:
@@ -189,32 +192,56 @@ def _notes_text(root: Path) -> Iterator[tuple[str, str]]:
             yield rel, text
 
 
-def text_search(
-    root: Path, query: str, limit: int = 10, regex: bool = False, case_sensitive: bool = False
-) -> list[SearchHit]:
-    """Notes whose text contains `query` (literal, or a Python regular expression with
-    `regex=True`), most matching lines first; each with its matching lines and numbers."""
-    check_query(query, limit)
-    flags = re.MULTILINE | (0 if case_sensitive else re.IGNORECASE)
+def _compile(query: str, regex: bool, case_sensitive: bool) -> Any:
+    import regex as rx
+
+    flags = rx.MULTILINE | rx.VERSION0 | (0 if case_sensitive else rx.IGNORECASE)
     try:
-        pattern = re.compile(query if regex else re.escape(query), flags)
-    except re.error as exc:
+        return rx.compile(query if regex else rx.escape(query), flags)
+    except rx.error as exc:
         raise CrucibleError(
             f"invalid regular expression {query!r}: {exc}",
             "fix the pattern, or search for the literal text without regex",
         ) from None
+
+
+def text_search(
+    root: Path, query: str, limit: int = 10, regex: bool = False, case_sensitive: bool = False,
+    *, time_budget: float = REGEX_BUDGET,
+) -> list[SearchHit]:
+    """Notes whose text contains `query` (literal, or a Python regular expression with
+    `regex=True`), most matching lines first; each with its matching lines and numbers.
+
+    Patterns run on the `regex` module, not `re`: it gives up at a deadline (a pattern like
+    `(a|aa)+$` backtracks for ages on a long run of `a`s) and releases the GIL while it
+    matches, so the server's other calls go on meanwhile. Same syntax as `re`."""
+    check_query(query, limit)
+    pattern = _compile(query, regex, case_sensitive)
+    deadline = time.monotonic() + time_budget
+
+    def search(text: str) -> Any:
+        try:
+            return pattern.search(text, timeout=max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            raise CrucibleError(
+                f"the regular expression {query[:100]!r} took more than {time_budget:g} s to match "
+                "the notes, so the search was stopped",
+                "simplify it: nested repetition such as (a+)+ or (a|aa)+ can take forever to "
+                "fail; or search for the literal text without regex",
+            ) from None
+
     root = Path(root).resolve()
     hits: list[tuple[str, list[LineMatch]]] = []
     for rel, text in _notes_text(root):
-        if not pattern.search(text):
+        if not search(text):
             continue
         lines = [
             LineMatch(line=i + 1, text=line.strip()[:SNIPPET_CHARS])
             for i, line in enumerate(text.splitlines())
-            if pattern.search(line)
+            if search(line)
         ]
         if not lines:  # a match across lines (regex with \n): report where it starts
-            m = pattern.search(text)
+            m = search(text)
             assert m is not None
             n = text.count("\n", 0, m.start())
             lines = [LineMatch(line=n + 1, text=text.splitlines()[n].strip()[:SNIPPET_CHARS])]

@@ -101,6 +101,17 @@ def test_text_search_literal_regex_case(tiny_kiln: Path) -> None:
     assert "invalid regular expression" in err.value.message
 
 
+def test_text_search_gives_up_on_a_runaway_regex(tiny_kiln: Path) -> None:
+    (tiny_kiln / "Trap.md").write_text("a" * 40 + "!\n")
+    # exponential on Python's re; other notes have lines ending in "a"
+    assert "Trap.md" not in [h.path for h in text_search(tiny_kiln, "(a+)+$", regex=True)]
+    with pytest.raises(CrucibleError) as err:
+        text_search(tiny_kiln, "(a|aa)+$", regex=True, time_budget=0.5)
+    assert "took more than 0.5 s" in err.value.message and "simplify" in (err.value.fix or "")
+    # the same syntax as Python's re, Unicode words included
+    assert text_search(tiny_kiln, r"(?<=al )dente\b", regex=True)[0].path == "Cooking/Pasta.md"
+
+
 def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path) -> None:
     (tiny_kiln / "bin.md").write_bytes(b"\x00\x01 leaves leaves")
     (tiny_kiln / "More.md").write_text("leaves\nleaves again\nno\n")
