@@ -1,10 +1,15 @@
-"""One kiln's search index: keeps the vector store (`store.ChromaStore`) and the lexical index
-(`lexical.LexicalIndex`) in step with the notes on disk.
+"""One kiln's search index: the lexical index (`lexical.LexicalIndex`, read from the files, ready
+in seconds) and the vector store (`store.ChromaStore`, filled by embedding, which takes minutes
+on a large kiln), kept in step with the notes on disk.
 
-An update reads and chunks the notes that changed, embeds only the chunks whose text is new
-(the vectors of unchanged chunks are kept), writes them to the store note by note, and patches
-the lexical index along. The lexical index is rebuilt from the store's chunk rows when it is
-missing and then kept current by every update, so it can never disagree with the store.
+An update compares each note's file with what the store holds (its stamp, then its hash),
+then streams the changed notes through three stages — read and chunk, embed, write — a group
+of notes at a time, so only the embedding is on the critical path and an update interrupted
+anywhere (kill -9 included) keeps everything written so far: a note's row is written after its
+chunks, and the next update re-embeds only chunks whose text is not stored yet.
+
+One writer per kiln: `WriterLock`, a file lock that other processes wait on (or read around),
+with a status file telling them how far the writer is.
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ import errno
 import fcntl
 import json
 import logging
+import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +36,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
-from crucible.kiln.lexical import LexicalIndex, tokenize
+from crucible.kiln.lexical import LexicalIndex
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
 from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown
 from crucible.kiln.store import (
@@ -41,16 +47,25 @@ from crucible.kiln.store import (
     IndexUnusableError,
     NoteEntry,
     NoteRow,
-    StoredChunk,
 )
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = f"{RESERVED_DIR}/index.lock"
+STATUS_FILE = f"{RESERVED_DIR}/index-build.json"
 # Texts per embedder call: small enough for a lively progress bar, big enough to batch well.
 EMBED_STEP = 32
+# Notes read, embedded and written together (the unit of the pipeline and of resumption).
+GROUP_NOTES = 32
+# During a long update, how often the store's generation changes (other processes follow it).
+GENERATION_EVERY = 10.0
+# How often the writer updates its status file.
+STATUS_EVERY = 0.5
 
-__all__ = ["LOCK_FILE", "REBUILD", "STORE_DIR", "IndexProgress", "IndexReport", "IndexStatus", "KilnIndex"]
+__all__ = [
+    "LOCK_FILE", "REBUILD", "STATUS_FILE", "STORE_DIR", "IndexProgress", "IndexReport",
+    "IndexStatus", "KilnIndex", "WriterLock", "build_status",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,7 +74,8 @@ __all__ = ["LOCK_FILE", "REBUILD", "STORE_DIR", "IndexProgress", "IndexReport", 
 
 @dataclass(frozen=True)
 class IndexProgress:
-    """Where an update is: `scan` reads and chunks changed notes, `embed` embeds their chunks."""
+    """Where an update is: `scan` compares the notes with the store, `embed` reads, embeds and
+    writes the changed ones (`notes_*` count those; `chunks_total` grows as they are read)."""
 
     phase: Literal["scan", "embed"]
     notes_done: int
@@ -70,6 +86,8 @@ class IndexProgress:
 
 
 ProgressFn = Callable[[IndexProgress], None]
+# Called while another process holds the writer lock, with its status; False stops waiting.
+WaitFn = Callable[[dict[str, Any] | None], bool]
 
 
 class IndexReport(BaseModel):
@@ -81,11 +99,12 @@ class IndexReport(BaseModel):
     chunks_reused: int = 0  # unchanged chunks of a changed note: vector kept, not re-embedded
     elapsed: float = 0.0
     rebuilt: str | None = None  # why the whole index was rebuilt, when it was
+    stopped: bool = False  # stopped before the end (asked to); what was written stays
     skipped: list[tuple[str, str]] = Field(default_factory=list)  # (path, reason): not indexed
     degraded: list[tuple[str, str]] = Field(default_factory=list)  # (path, reason): indexed anyway
 
     def to_json(self) -> dict[str, Any]:
-        data = self.model_dump(exclude={"skipped", "degraded"})
+        data = self.model_dump(exclude={"skipped", "degraded", "stopped"})
         data["elapsed"] = round(self.elapsed, 3)
         data["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
         data["degraded"] = [{"path": p, "reason": r} for p, r in self.degraded]
@@ -103,6 +122,89 @@ class IndexStatus(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# One writer per kiln
+
+
+class WriterLock:
+    """The kiln's writer lock (flock on .crucible/index.lock), and the status file its holder
+    keeps (.crucible/index-build.json: pid and progress) for the processes waiting on it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._handle: IO[str] | None = None
+        self._published = 0.0
+
+    def acquire(self, wait: WaitFn | None = None) -> None:
+        """Take the lock. Held by another process: without `wait`, an IndexUnusableError;
+        with it, poll every half second, calling `wait(status)`, until free or it says stop."""
+        lock_path = self.root / LOCK_FILE
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle: IO[str] = open(lock_path, "a+")  # noqa: SIM115 - held until release()
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    handle.close()
+                    raise
+            if wait is None or not wait(_read_status(self.root)):
+                handle.close()
+                raise IndexUnusableError(
+                    "the index is being updated by another process",
+                    f"wait for the other `cru` on this kiln to finish; if none is running: {REBUILD}",
+                )
+            time.sleep(0.5)
+        self._handle = handle
+
+    def publish(self, status: dict[str, Any], *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._published < STATUS_EVERY:
+            return
+        self._published = now
+        try:
+            atomic_write_text(self.root / STATUS_FILE, json.dumps({"pid": os.getpid(), **status}))
+        except OSError:
+            pass  # a read-only .crucible: the others just see no progress
+
+    def release(self) -> None:
+        if self._handle is None:
+            return
+        try:
+            (self.root / STATUS_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
+        self._handle.close()  # releases the lock
+        self._handle = None
+
+
+def _read_status(root: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((root / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_status(root: Path) -> dict[str, Any] | None:
+    """The status of the update another process is running on this kiln, if one holds the
+    writer lock (its pid, notes_done/notes_total, embedded/notes), else None."""
+    lock_path = root / LOCK_FILE
+    if not lock_path.exists():
+        return None
+    try:
+        with open(lock_path) as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return _read_status(root) or {}
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
 # The index
 
 
@@ -115,12 +217,27 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / n).astype(np.float32) if n > 0 else v.astype(np.float32)
 
 
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
+@dataclass
+class _Todo:
+    """A note to (re)index, as the scan found it."""
+
+    path: str
+    file_hash: str | None
+    stamp: str
+    entry: NoteEntry | None
+
+
 @dataclass
 class _Pending:
-    """A changed note between scanning and writing."""
+    """A changed note between reading and writing."""
 
     note: Note
     file_hash: str
+    stamp: str
     problems: str
     chunks: list[Chunk]
     texts: list[str]  # what is embedded, one per chunk
@@ -131,7 +248,8 @@ class _Pending:
 
 class KilnIndex:
     """One kiln's index. Every method blocks: call from trio via `trio.to_thread.run_sync`.
-    Safe to share between threads (the watcher updates while tools search)."""
+    Safe to share between threads (the watcher and a background update write while tools
+    search)."""
 
     def __init__(self, root: Path, config: Config, chroma: ChromaStore) -> None:
         self.root = root
@@ -140,12 +258,18 @@ class KilnIndex:
         self.embedder: Embedder = chroma.embedder
         self.store = chroma.label  # for messages: kiln-relative dir or the server URL
         self.name = chroma.name
-        self._lock = threading.RLock()  # one writer at a time (see _writing)
-        self._lexical: LexicalIndex | None = None
-        # Guards the in-memory BM25 index alone, so searches never wait for a long update.
+        self._lock = threading.RLock()  # one writer in this process (see _writing)
+        self._writer = WriterLock(root)
+        # Guards the lexical index and what is known embedded, so searches never wait for
+        # a long update.
         self._lex_lock = threading.RLock()
-        self._lex_generation: str | None = None  # the store generation _lexical matches
+        self._lexical: LexicalIndex | None = None
         self._lex_dirty = False  # changed since saved
+        self._embedded: set[str] | None = None  # notes whose stored row matches their file
+        self._own_generations: set[str] = set()
+        self._seen_generation: str | None = None
+        self._stale_view = False  # another process wrote since the store was opened
+        self._queued: set[str] = set()  # changed while an update ran here: indexed after it
 
     @classmethod
     def open(cls, root: Path, config: Config, *, rebuild: bool = False) -> KilnIndex:
@@ -153,16 +277,16 @@ class KilnIndex:
         away — the way out of a damaged local store, which cannot even be opened."""
         root = Path(root).resolve()
         embedder = make_embedder(config.embedder)
-        return cls(root, config, ChromaStore.open(root, config, embedder, rebuild=rebuild))
+        index = cls(root, config, ChromaStore.open(root, config, embedder, rebuild=rebuild))
+        index._seen_generation = index.chroma.generation()
+        return index
 
     @property
     def needs_rebuild(self) -> str | None:
         return self.chroma.needs_rebuild
 
     def close(self) -> None:
-        with self._lex_lock:
-            if self._lex_dirty and self._lexical is not None and self._lex_generation is not None:
-                self._save_lexical(self._lexical, self._lex_generation)
+        self.save_lexical()
         self.chroma.close()
 
     def __enter__(self) -> KilnIndex:
@@ -210,31 +334,88 @@ class KilnIndex:
             needs_rebuild=self.needs_rebuild,
         )
 
+    def embedded_share(self) -> tuple[int, int]:
+        """(notes whose vectors are stored and current, readable notes in the kiln)."""
+        with self._lex_lock:
+            lex = self.lexical()
+            if self._embedded is None:
+                self._embedded = self._current_in_store(lex)
+            return len(self._embedded & lex.stamps.keys()), len(lex)
+
+    def _current_in_store(self, lex: LexicalIndex) -> set[str]:
+        stamps = {p: f"{m}:{s}" for p, (m, s) in lex.stamps.items()}
+        return {p for p, e in self.manifest().items() if e.stamp and stamps.get(p) == e.stamp}
+
+    # -- following other processes -------------------------------------------------------------
+
+    def follow_store(self) -> None:
+        """Catch up with another process's update (`cru kiln index` beside a session): the
+        store's generation says whether one happened. Cheap when none did (one read)."""
+        generation = self.chroma.generation()
+        if generation != self._seen_generation:
+            self._seen_generation = generation
+            if generation not in self._own_generations:
+                self._stale_view = True
+                with self._lex_lock:
+                    if self._lexical is not None and self._lexical.refresh(self.root):
+                        self._lex_dirty = True
+                    self._embedded = None  # recomputed from the store when asked
+        # Not while this process writes through it (then no other process can have written).
+        if self._stale_view and self._lock.acquire(blocking=False):
+            try:
+                if self._stale_view:
+                    self.chroma.reopen()
+                    self._stale_view = False
+            finally:
+                self._lock.release()
+
     # -- updating ----------------------------------------------------------------------------
 
-    def update(self, progress: ProgressFn | None = None, rebuild: bool = False) -> IndexReport:
-        """Bring the index up to date with the whole kiln; only what changed is embedded."""
-        with self._writing():
+    def update(
+        self, progress: ProgressFn | None = None, rebuild: bool = False, *,
+        wait: WaitFn | None = None, stop: threading.Event | None = None,
+    ) -> IndexReport:
+        """Bring the index up to date with the whole kiln; only what changed is embedded.
+        `wait`: how to wait for another process's update (default: refuse at once);
+        `stop`: set to stop between groups of notes (what was written stays)."""
+        with self._writing(wait):
             report = IndexReport()
             reason = "asked for (--rebuild)" if rebuild else self.needs_rebuild
             if reason:
                 self._reset()
                 report.rebuilt = reason
             paths = list(iter_markdown(self.root))
-            self._update(paths, report, progress, full=True)
-            with self._lex_lock:
-                if self._lex_dirty and self._lexical is not None and self._lex_generation is not None:
-                    self._save_lexical(self._lexical, self._lex_generation)
+            self._refresh_lexical(None)
+            self._update(paths, report, progress, full=True, stop=stop)
+            self._drain_queue(report, stop)
+            self.save_lexical()
             return report
 
     def update_paths(self, paths: Iterable[str], progress: ProgressFn | None = None) -> IndexReport:
-        """Re-index just these kiln-relative paths (changed, new or deleted notes)."""
+        """Re-index just these kiln-relative paths (changed, new or deleted notes). The lexical
+        index has them at once; while an update runs in this process, their vectors are left
+        to it (it takes them when it is done) instead of waiting for it."""
         if self.needs_rebuild:
             return self.update(progress)
-        with self._writing():
-            report = IndexReport()
-            self._update(self.expand_paths(paths), report, progress, full=False)
-            return report
+        expanded = self.expand_paths(paths)
+        self._refresh_lexical(expanded)
+        if not self._lock.acquire(blocking=False):
+            self._queued.update(expanded)
+            return IndexReport()
+        try:
+            with self._writing():
+                report = IndexReport()
+                self._update(expanded, report, progress, full=False)
+                self._drain_queue(report, None)
+                return report
+        finally:
+            self._lock.release()
+
+    def _drain_queue(self, report: IndexReport, stop: threading.Event | None) -> None:
+        while self._queued and not (stop is not None and stop.is_set()):
+            queued = sorted(self._queued)
+            self._queued.clear()
+            self._update(queued, report, None, full=False, stop=stop)
 
     def expand_paths(self, paths: Iterable[str]) -> list[str]:
         """Notes named, plus those under a named folder: a folder created or moved in (its
@@ -259,42 +440,34 @@ class KilnIndex:
         return sorted(out)
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """One writer at a time: a thread lock here, a file lock against other processes."""
+    def _writing(self, wait: WaitFn | None = None) -> Iterator[None]:
+        """One writer at a time: a thread lock here, the file lock against other processes."""
         with self._lock:
-            lock_path = self.root / LOCK_FILE
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-            handle: IO[str] = open(lock_path, "a+")  # noqa: SIM115 - held for the block
+            self._writer.acquire(wait)
             try:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    raise IndexUnusableError(
-                        "the index is being updated by another process",
-                        f"wait for the other `cru` on this kiln to finish; if none is running: {REBUILD}",
-                    ) from None
+                # Another process may have written since this one last looked: open the store
+                # again before writing through a stale view of it.
+                self.follow_store()
                 yield
             finally:
-                handle.close()  # releases the lock
+                self._writer.release()
 
     def _reset(self) -> None:
         self.chroma.reset()
         with self._lex_lock:
-            self._lexical = None
-            self._lex_generation = None
-            self._lex_dirty = False
+            self._embedded = set()
 
     def _update(
-        self, paths: list[str], report: IndexReport, progress: ProgressFn | None, *, full: bool
+        self, paths: list[str], report: IndexReport, progress: ProgressFn | None, *, full: bool,
+        stop: threading.Event | None = None,
     ) -> None:
         started = time.perf_counter()
         manifest = self.manifest()
         root = self.root
-        pending: list[_Pending] = []
+        todo: list[_Todo] = []
+        touched: list[tuple[NoteEntry, str]] = []
         gone: list[str] = []
-        present: set[str] = set()
+        listed: set[str] = set()
 
         for i, rel in enumerate(paths):
             if progress is not None:
@@ -304,112 +477,137 @@ class KilnIndex:
                 if rel in manifest:
                     gone.append(rel)
                 continue
+            listed.add(rel)
             report.notes_seen += 1
             entry = manifest.get(rel)
             try:
-                fh: str | None = _file_hash(path)
+                stamp = _stamp(path.stat())
+                unchanged = entry is not None and entry.stamp == stamp
+                fh: str | None = None if unchanged else _file_hash(path)
             except OSError:
-                fh = None  # read_note below says why
-            if fh is not None and entry is not None and entry.file_hash == fh:
-                present.add(rel)
+                stamp, unchanged, fh = "", False, None  # read_note below says why
+            if entry is not None and not unchanged and fh == entry.file_hash:
+                touched.append((entry, stamp))  # same content, new stamp
+                unchanged = True
+            if unchanged:
+                assert entry is not None
                 report.notes_unchanged += 1
                 if entry.problems:
                     report.degraded.append((rel, entry.problems))
                 continue
-            try:
-                note = read_note(root, rel)
-            except CrucibleError as exc:  # NoteReadError, or a KilnPathError for a bad link
-                report.skipped.append((rel, _reason(exc, rel)))
-                if entry is not None:
-                    gone.append(rel)
-                continue
-            present.add(rel)
-            problems = "; ".join(note.problems)
-            if problems:
-                report.degraded.append((rel, problems))
-            # A chunk's text starts with "Title > Heading": it is embedded as it is.
-            chunks = chunk_note(note)
-            pending.append(
-                _Pending(note, fh or note.content_hash, problems, chunks, [c.text for c in chunks],
-                         [c.content_hash for c in chunks], [None] * len(chunks), set())
-            )
+            todo.append(_Todo(rel, fh, stamp, entry))
 
         if full:
-            gone.extend(p for p in manifest if p not in present and p not in gone)
-        if not pending and not gone:
-            report.elapsed = time.perf_counter() - started
-            return
+            gone.extend(p for p in manifest if p not in listed and p not in gone)
+            current = listed - {t.path for t in todo}
+            with self._lex_lock:
+                self._embedded = current
+        if touched:
+            self.chroma.set_stamps(touched)
+            self._mark_embedded([e.path for e, _ in touched])
+        if gone:
+            self._remove(gone)
+        if todo:
+            self._write(todo, report, progress, stop)
+        if touched or gone or report.notes_indexed:
+            self._new_generation()
+        report.notes_removed += len(gone)
+        report.elapsed += time.perf_counter() - started
 
-        self._prepare_lexical(full)
-        # Also for notes not in the manifest: an update interrupted before it wrote their
-        # note rows left chunk rows whose vectors are still good.
-        self._reuse_vectors(pending)
-        self._write(pending, report, progress, len(paths))
-        self._remove(gone)
+    def _new_generation(self) -> None:
         generation = self.chroma.new_generation()
-        with self._lex_lock:
-            if self._lexical is not None:
-                self._lex_generation = generation
-                self._lex_dirty = True
-        report.notes_removed = len(gone)
-        report.notes_indexed = len(pending)
-        report.elapsed = time.perf_counter() - started
+        self._own_generations.add(generation)
+        self._seen_generation = generation
 
-    def _prepare_lexical(self, full: bool) -> None:
-        """Before writing: the in-memory BM25 index must match the store to be patched along;
-        a full update also brings a saved one up to date (so `cru kiln index` keeps it fresh)."""
-        with self._lex_lock:
-            generation = self.chroma.generation()
-            if self._lexical is not None and self._lex_generation != generation:
-                self._lexical = None  # another process changed the index: rebuilt when needed
-            elif self._lexical is None and full:
-                loaded = self._load_lexical(generation)
-                if loaded is not None:
-                    self._lexical, self._lex_generation = loaded, generation
+    # The pipeline: group k+1 is read and chunked, and group k-1 written, in helper threads
+    # while group k is embedded here; ONNX Runtime releases the GIL while it computes.
 
-    def _reuse_vectors(self, pending: list[_Pending]) -> None:
-        """Keep the stored vectors of chunks whose text did not change; note the old chunk ids."""
+    def _write(
+        self, todo: list[_Todo], report: IndexReport, progress: ProgressFn | None,
+        stop: threading.Event | None,
+    ) -> None:
+        groups = [todo[i:i + GROUP_NOTES] for i in range(0, len(todo), GROUP_NOTES)]
+        notes_done = notes_known = chunks_done = chunks_known = 0
+        last_generation = time.monotonic()
+
+        def show(path: str | None) -> None:
+            estimate = chunks_known + round(chunks_known / max(1, notes_known) * (len(todo) - notes_known))
+            p = IndexProgress("embed", notes_done, len(todo), chunks_done, max(estimate, chunks_done), path)
+            self._writer.publish({"notes_done": notes_done, "notes_total": len(todo),
+                                  "chunks_done": chunks_done, "embedded": self._share_now()})
+            if progress is not None:
+                progress(p)
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-index") as pool:
+            preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report)
+            writing: Future[None] | None = None
+            for k in range(len(groups)):
+                pending = preparing.result()
+                if k + 1 < len(groups):
+                    preparing = pool.submit(self._prepare, groups[k + 1], report)
+                work = [(p, i) for p in pending for i, v in enumerate(p.vectors) if v is None]
+                chunks_known += len(work)
+                notes_known += len(groups[k])
+                for s in range(0, len(work), EMBED_STEP):
+                    step = work[s:s + EMBED_STEP]
+                    vectors = self.embedder.embed([p.texts[i] for p, i in step])
+                    for (p, i), v in zip(step, vectors, strict=True):
+                        p.vectors[i] = v
+                    chunks_done += len(step)
+                    show(step[-1][0].note.path)
+                report.chunks_embedded += len(work)
+                report.chunks_reused += sum(len(p.chunks) for p in pending) - len(work)
+                if writing is not None:
+                    writing.result()
+                writing = pool.submit(self._store_notes, pending)
+                notes_done += len(groups[k])
+                report.notes_indexed += len(pending)
+                if time.monotonic() - last_generation > GENERATION_EVERY:
+                    writing.result()
+                    self._new_generation()
+                    last_generation = time.monotonic()
+                if stop is not None and stop.is_set() and k + 1 < len(groups):
+                    report.stopped = True
+                    preparing.cancel()
+                    break
+            if writing is not None:
+                writing.result()
+        if not report.stopped:
+            chunks_known = chunks_done  # exact now: every group was read
+            notes_known = len(todo)
+        show(None)
+
+    def _prepare(self, group: list[_Todo], report: IndexReport) -> list[_Pending]:
+        """Read and chunk the group's notes, and find the vectors stored for unchanged chunks
+        (also of notes not in the manifest: an interrupted update left their chunk rows)."""
+        pending: list[_Pending] = []
+        gone: list[str] = []
+        for t in group:
+            try:
+                note = read_note(self.root, t.path)
+            except CrucibleError as exc:  # NoteReadError, or a KilnPathError for a bad link
+                report.skipped.append((t.path, _reason(exc, t.path)))
+                if t.entry is not None:
+                    gone.append(t.path)
+                continue
+            problems = "; ".join(note.problems)
+            if problems:
+                report.degraded.append((t.path, problems))
+            # A chunk's text starts with "Title > Heading": it is embedded as it is.
+            chunks = chunk_note(note)
+            pending.append(_Pending(
+                note, t.file_hash or note.content_hash, t.stamp, problems, chunks,
+                [c.text for c in chunks], [c.content_hash for c in chunks], [None] * len(chunks), set(),
+            ))
+        if gone:
+            self._remove(gone)
+            report.notes_removed += len(gone)
         stored = self.chroma.stored_vectors([p.note.path for p in pending])
         for p in pending:
             ids, vectors = stored.get(p.note.path, (set(), {}))
             p.old_ids = set(ids)
             p.vectors = [vectors.get(h) for h in p.hashes]
-
-    def _write(
-        self, pending: list[_Pending], report: IndexReport, progress: ProgressFn | None,
-        notes_total: int,
-    ) -> None:
-        """Embed what is new, then write a group of notes at a time (see ChromaStore.write)."""
-        to_embed = sum(v is None for p in pending for v in p.vectors)
-        done = 0
-        queue: list[_Pending] = []
-        queued = 0
-
-        def flush() -> None:
-            nonlocal done, queued
-            work = [(p, i) for p in queue for i, v in enumerate(p.vectors) if v is None]
-            for s in range(0, len(work), EMBED_STEP):
-                step = work[s:s + EMBED_STEP]
-                vectors = self.embedder.embed([p.texts[i] for p, i in step])
-                for (p, i), v in zip(step, vectors, strict=True):
-                    p.vectors[i] = v
-                done += len(step)
-                if progress is not None:
-                    progress(IndexProgress("embed", notes_total, notes_total, done, to_embed,
-                                           step[-1][0].note.path))
-            report.chunks_embedded += len(work)
-            report.chunks_reused += sum(len(p.chunks) for p in queue) - len(work)
-            self._store_notes(queue)
-            queue.clear()
-            queued = 0
-
-        for p in pending:
-            queue.append(p)
-            queued += sum(v is None for v in p.vectors)
-            if queued >= 4 * EMBED_STEP:
-                flush()
-        if queue:
-            flush()
+        return pending
 
     def _store_notes(self, group: list[_Pending]) -> None:
         chunk_rows: list[ChunkRow] = []
@@ -430,95 +628,93 @@ class KilnIndex:
             vec = _unit(np.mean(np.stack([v for v in p.vectors if v is not None]), axis=0))
             note_rows.append(NoteRow(path, vec, {
                 "path": path, "hash": p.file_hash, "title": p.note.title, "chunks": len(p.chunks),
-                "problems": p.problems,
+                "problems": p.problems, "stamp": p.stamp,
             }))
         self.chroma.write(chunk_rows, stale, note_rows)
-        with self._lex_lock:
-            if self._lexical is not None:
-                for p in group:
-                    self._lexical.set_note(p.note.path, p.note.title, p.texts)
+        self._mark_embedded([p.note.path for p in group])
 
     def _remove(self, paths: list[str]) -> None:
         self.chroma.remove(paths)
         with self._lex_lock:
-            if self._lexical is not None:
-                for p in paths:
-                    self._lexical.drop_note(p)
+            if self._embedded is not None:
+                self._embedded.difference_update(paths)
+
+    def _mark_embedded(self, paths: list[str]) -> None:
+        with self._lex_lock:
+            if self._embedded is not None:
+                self._embedded.update(paths)
+
+    def _share_now(self) -> float:
+        embedded, total = self.embedded_share()
+        return round(embedded / total, 4) if total else 1.0
+
+    # -- the lexical index ---------------------------------------------------------------------
+
+    def lexical(self) -> LexicalIndex:
+        """The lexical index, loaded (or built from the files) on first use. Hold no lock for
+        long with it: call under `_lex_lock` (the methods below do)."""
+        with self._lex_lock:
+            if self._lexical is None:
+                self._lexical = self._load_lexical() or LexicalIndex()
+                if self._lexical.refresh(self.root):
+                    self._lex_dirty = True
+                    self.save_lexical()  # so the next process finds it ready
+            return self._lexical
+
+    def _refresh_lexical(self, paths: list[str] | None) -> None:
+        with self._lex_lock:
+            changed = self.lexical().refresh(self.root, paths)
+            if changed:
+                self._lex_dirty = True
+                if self._embedded is not None:
+                    self._embedded.difference_update(changed)
+
+    def warm_lexical(self) -> None:
+        """Load or build the lexical index now, and save it, so the first search is quick."""
+        self.lexical()
+        self.save_lexical()
+
+    def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
+        """Notes by BM25: (path, score), best first."""
+        self.follow_store()
+        with self._lex_lock:
+            return self.lexical().search(query, limit)
+
+    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+        with self._lex_lock:
+            bm25 = self.lexical().bm25
+            return {t: bm25.idf(t) for t in terms}
+
+    def note_title(self, path: str) -> str | None:
+        with self._lex_lock:
+            return self.lexical().titles.get(path)
+
+    def _lex_file(self) -> Path:
+        return self.root / RESERVED_DIR / f"lexical-{self.name}.json"
+
+    def _load_lexical(self) -> LexicalIndex | None:
+        try:
+            data = json.loads(self._lex_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return LexicalIndex.from_json(data)
+
+    def save_lexical(self) -> None:
+        with self._lex_lock:
+            if not self._lex_dirty or self._lexical is None:
+                return
+            data = json.dumps(self._lexical.to_json())
+            self._lex_dirty = False
+        try:
+            self._lex_file().parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self._lex_file(), data)
+        except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
+            log.warning("could not save the lexical index: %s", exc.strerror or exc)
 
     # -- reading -----------------------------------------------------------------------------
 
     def embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
-
-    def warm_lexical(self) -> None:
-        """Load or build the BM25 index now, and save it, so the first search is quick."""
-        with self._lex_lock:
-            lex = self._lexical_index()
-            if self._lex_dirty and self._lex_generation is not None:
-                self._save_lexical(lex, self._lex_generation)
-
-    def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
-        """Notes by BM25: (path, score), best first."""
-        with self._lex_lock:
-            return self._lexical_index().search(query, limit)
-
-    def lexical_best_chunk(self, path: str, query: str) -> StoredChunk | None:
-        """The note's chunk with the most weight of the query's words (its first if none)."""
-        chunks = self.chroma.note_chunks([path])[path]
-        if not chunks:
-            return None
-        terms = set(tokenize(query))
-        with self._lex_lock:
-            bm25 = self._lexical_index().bm25
-            idf = {t: bm25.idf(t) for t in terms}
-        best, best_score = chunks[0], 0.0
-        for c in chunks:
-            counts = Counter(tokenize(c.text))
-            score = sum(idf[t] * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
-            if score > best_score:
-                best, best_score = c, score
-        return best
-
-    # The in-memory BM25 index follows the store's generation, a token that every update
-    # changes: another process's update (`cru kiln index` beside a session) is seen at the
-    # next search, and the index saved under .crucible/ is used only if it is of this state.
-
-    def _lex_tag(self, generation: str) -> str:
-        return f"{self.chroma.notes.id}:{generation}"
-
-    def _lex_file(self) -> Path:
-        return self.root / RESERVED_DIR / f"lexical-{self.name}.json"
-
-    def _lexical_index(self) -> LexicalIndex:
-        with self._lex_lock:
-            generation = self.chroma.generation()
-            if self._lexical is None or self._lex_generation != generation:
-                self._lexical = self._load_lexical(generation) or self._build_lexical(generation)
-                self._lex_generation = generation
-            return self._lexical
-
-    def _load_lexical(self, generation: str) -> LexicalIndex | None:
-        try:
-            data = json.loads(self._lex_file().read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return LexicalIndex.from_json(data, self._lex_tag(generation))
-
-    def _build_lexical(self, generation: str) -> LexicalIndex:
-        texts = self.chroma.chunk_texts()
-        lex = LexicalIndex()
-        for path, entry in self.chroma.manifest().items():
-            lex.set_note(path, entry.title, [t for _, t in sorted(texts.get(path, []))])
-        self._save_lexical(lex, generation)
-        return lex
-
-    def _save_lexical(self, lex: LexicalIndex, generation: str) -> None:
-        try:
-            self._lex_file().parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self._lex_file(), json.dumps(lex.to_json(self._lex_tag(generation))))
-            self._lex_dirty = False
-        except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
-            log.warning("could not save the lexical index: %s", exc.strerror or exc)
 
 
 # ---------------------------------------------------------------------------------------------

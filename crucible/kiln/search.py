@@ -17,6 +17,7 @@ the blend 0.96 / 0.83, hybrid 1.00 / 0.92 — so hybrid is the default everywher
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,8 +25,11 @@ from typing import Literal
 import numpy as np
 
 from crucible.errors import CrucibleError
+from crucible.kiln.chunking import chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
 from crucible.kiln.index import KilnIndex
+from crucible.kiln.lexical import tokenize
+from crucible.kiln.notes import read_note
 from crucible.kiln.store import StoredChunk
 from mcp_bridge.kiln_api import SearchHit
 
@@ -137,10 +141,30 @@ def _best_chunks(
             out[path] = max(scored, key=lambda s: s[0])[1]
     for path in paths:
         if path not in out:
-            best = index.lexical_best_chunk(path, query)
+            best = _lexical_best_chunk(index, path, query)
             if best is not None:
                 out[path] = best
     return out
+
+
+def _lexical_best_chunk(index: KilnIndex, path: str, query: str) -> StoredChunk | None:
+    """The chunk of the note on disk with the most weight of the query's words (its first if
+    none): for a note found by its words alone, perhaps not embedded yet."""
+    try:
+        note = read_note(index.root, path)
+    except CrucibleError:  # gone or unreadable since it was indexed
+        return None
+    chunks = chunk_note(note)
+    terms = set(tokenize(query))
+    idf = index.idf(terms)
+    best, best_score = chunks[0], 0.0
+    for c in chunks:
+        counts = Counter(tokenize(c.text))
+        score = sum(idf[t] * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
+        if score > best_score:
+            best, best_score = c, score
+    return StoredChunk(path=path, ordinal=best.ordinal, heading=" > ".join(best.heading_path) or None,
+                       line=best.start_line + 1, title=note.title, text=best.text)
 
 
 def _results(
@@ -151,9 +175,9 @@ def _results(
     results = []
     for path, score in ranked:
         chunk = best.get(path)
-        if chunk is None:  # a note with no stored chunk (not in a complete index)
-            results.append(SearchHit(path=path, title=_stem(path), score=round(score, 4),
-                                        heading=None, snippet=""))
+        if chunk is None:  # a note deleted or unreadable since it was indexed
+            results.append(SearchHit(path=path, title=index.note_title(path) or _stem(path),
+                                     score=round(score, 4), heading=None, snippet=""))
         else:
             results.append(_from_chunk(chunk, score, query))
     return results
@@ -191,10 +215,15 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchH
 
     The score is the fused score scaled so that 1.0 means first in both rankings."""
     check_query(query, limit)
-    vector = index.embed_query(query)
     depth = max(FUSION_DEPTH, limit)
-    ranked = dense_ranking(index, vector, depth)
     lexical = lexical_ranking(index, query, depth)
+    ranked: list[tuple[Dense, float]] = []
+    vector = np.zeros(0, dtype=np.float32)
+    # Lexical first: with no vectors yet (or vectors of another embedder, rebuilt in the
+    # background), the words alone answer; what is embedded joins as it comes.
+    if not index.needs_rebuild and index.count_notes() > 0:
+        vector = index.embed_query(query)
+        ranked = dense_ranking(index, vector, depth)
     top = rrf([[d.path for d, _ in ranked], [p for p, _ in lexical]])[:limit]
     scale = 2.0 / (RRF_K + 1)
     dense = {d.path: d for d, _ in ranked}

@@ -93,6 +93,7 @@ class NoteEntry:
     title: str
     chunks: int
     problems: str
+    stamp: str = ""  # "mtime_ns:size" of the file when it was indexed ("" in older rows)
 
 
 @dataclass
@@ -283,7 +284,7 @@ class ChromaStore:
                 for id_, m in zip(ids, metas, strict=True):
                     out[id_] = NoteEntry(
                         id_, str(m.get("hash", "")), str(m.get("title", "")),
-                        int(m.get("chunks", 0)), str(m.get("problems", "")),
+                        int(m.get("chunks", 0)), str(m.get("problems", "")), str(m.get("stamp", "")),
                     )
         return out
 
@@ -389,6 +390,32 @@ class ChromaStore:
                     ids=[n.path for n in notes], embeddings=[n.vector for n in notes],
                     documents=[str(n.meta["title"]) for n in notes], metadatas=[n.meta for n in notes],
                 )
+
+    def set_stamps(self, entries: list[tuple[NoteEntry, str]]) -> None:
+        """Record new file stamps for notes whose content did not change (a touched file)."""
+        with self.errors("updating it"):
+            for s in range(0, len(entries), PAGE):
+                page = entries[s:s + PAGE]
+                self.notes.update(
+                    ids=[e.path for e, _ in page],
+                    metadatas=[{"path": e.path, "hash": e.file_hash, "title": e.title, "chunks": e.chunks,
+                                "problems": e.problems, "stamp": stamp} for e, stamp in page],
+                )
+
+    def reopen(self) -> None:
+        """See what another process wrote: an embedded Chroma keeps its vector index in memory
+        and does not see another process's writes until it is opened again (measured with
+        chromadb 1.5: counts follow, queries do not). A server needs nothing."""
+        if self.local is None:
+            return
+        from chromadb.api.shared_system_client import SharedSystemClient
+
+        # Drop the process's cached system for this path (without stopping it: a search in
+        # another thread may still be using it; it goes when the last reference does).
+        SharedSystemClient._identifier_to_system.pop(str(self.local), None)
+        SharedSystemClient._identifier_to_refcount.pop(str(self.local), None)
+        self.client = _persistent_client(self.local, self.root)
+        self._attach()
 
     def remove(self, paths: list[str]) -> None:
         """Drop these notes' rows, chunks and note row."""

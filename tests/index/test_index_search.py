@@ -213,9 +213,9 @@ def test_lexical_index_is_saved_and_follows_other_processes(
             m.setattr(store_mod, "pages", no_chroma_reads)
             assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
 
-        saved.write_text("{ not json")  # a damaged saved index is rebuilt from Chroma
+        saved.write_text("{ not json")  # a damaged saved index is rebuilt from the notes
         assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
-        assert json.loads(saved.read_text())["format"] == 1
+        assert json.loads(saved.read_text())["format"] == 2
     finally:
         for h in handles:
             h.close()
