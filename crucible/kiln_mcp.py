@@ -12,7 +12,6 @@ import datetime as _dt
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -23,6 +22,7 @@ from crucible.kiln.paths import KilnNotFoundError, iter_markdown, kiln_sizes, re
 from mcp_bridge.kiln_api import (
     ChangeFn,
     EditConflictError,
+    IndexShare,
     KilnError,
     KilnInfo,
     KilnRoot,
@@ -31,12 +31,14 @@ from mcp_bridge.kiln_api import (
     NoteEntry,
     NoteNotFoundError,
     ProgressFn,
+    RankedResults,
     SearchHit,
     WriteOutcome,
 )
 
 if TYPE_CHECKING:
     from crucible.config import Config
+    from crucible.kiln.builder import BackgroundIndex, IndexState, StateFn
 
 T = TypeVar("T")
 
@@ -69,7 +71,7 @@ class CrucibleKilnBackend:
     def __init__(self, root: Path, config: Config | None = None) -> None:
         self.root = root.resolve()
         self.config = config
-        self._index: Any = None
+        self._background: BackgroundIndex | None = None
         self._index_lock = threading.Lock()
         self._secrets = sorted({str(root), str(self.root), str(Path.home())}, key=len, reverse=True)
 
@@ -218,22 +220,49 @@ class CrucibleKilnBackend:
 
     # --- search ---------------------------------------------------------------------------
 
+    # The index lives in a BackgroundIndex: opened and brought up to date in the background
+    # from `start_indexing` (called when `cru mcp`, `cru chat` or `cru acp` start) or the first
+    # search, whichever comes first.
+
+    def _indexer(self) -> BackgroundIndex:
+        with self._index_lock:
+            if self._background is None:
+                from crucible.config import Config
+                from crucible.kiln.builder import BackgroundIndex
+
+                self._background = BackgroundIndex(self.root, self.config or Config())
+            return self._background
+
+    def start_indexing(self) -> None:
+        """Open the kiln's index and embed what is missing, in the background (returns at once)."""
+        self._indexer().start()
+
+    def index_state(self) -> IndexState:
+        """Where the index is: phase ("opening", "embedding", "waiting", "ready", "failed"...),
+        `embedded` (0..1) and `notes`: what a status bar shows (`indexing 34%`)."""
+        return self._indexer().state()
+
+    def on_index_state(self, fn: StateFn) -> Callable[[], None]:
+        """Call `fn(state)` at each change of `index_state()` (from the indexing thread, at most
+        every ~0.5 s while embedding); returns the function that unsubscribes."""
+        return self._indexer().subscribe(fn)
+
+    def close(self) -> None:
+        """Stop indexing (what was embedded stays) and close the index; bounded (~2 s)."""
+        with self._index_lock:
+            background, self._background = self._background, None
+        if background is not None:
+            background.close()
+
+    @property
+    def _index(self) -> Any:
+        return self._background.index if self._background is not None else None
+
     def index_ready(self) -> bool:
         return self._index is not None
 
     def open_index(self, progress: ProgressFn) -> None:
-        with self._index_lock:
-            if self._index is not None:
-                return
-            from crucible.config import Config
-            from crucible.kiln.index import KilnIndex
-
-            def load() -> Any:
-                index = KilnIndex.open(self.root, self.config or Config())
-                index.update(progress=_progress_adapter(progress))
-                return index
-
-            self._index = self._call("", load)
+        self._call("", self._indexer().open_index)
 
     def _redacted(self, hits: list[SearchHit]) -> list[SearchHit]:
         """Snippets quote notes, which may hold the machine's paths: the last safety net."""
@@ -241,11 +270,23 @@ class CrucibleKilnBackend:
             hit.snippet = self.redact(hit.snippet)
         return hits
 
-    def semantic_search(self, query: str, limit: int) -> list[SearchHit]:
+    def semantic_search(self, query: str, limit: int) -> RankedResults:
         from crucible.kiln import search
 
-        # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-        return self._call(query, lambda: self._redacted(search.hybrid_search(self._index, query, limit)))
+        def ranked() -> RankedResults:
+            index = self._indexer().open_index()
+            # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
+            hits = self._redacted(search.hybrid_search(index, query, limit))
+            return RankedResults(results=hits, index=self._share(index))
+
+        return self._call(query, ranked)
+
+    def _share(self, index: Any) -> IndexShare:
+        state = self._indexer().state()
+        if state.phase in ("embedding", "waiting") and state.notes:
+            return IndexShare(embedded=state.embedded, notes=state.notes)
+        embedded, total = index.embedded_share()
+        return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
         from crucible.kiln import filesearch
@@ -313,11 +354,14 @@ class CrucibleKilnBackend:
         index = self._index
         if index is None:
             return {"opened": False}
+        state = self.index_state()
         try:
             status = index.status()
+            share = self._share(index)
         except CrucibleError as exc:
-            return {"opened": True, "error": self.redact(_message(exc))}
-        return {"opened": True, "notes": status.notes, "chunks": status.chunks, "stale": status.stale}
+            return {"opened": True, "phase": state.phase, "error": self.redact(_message(exc))}
+        return {"opened": True, "phase": state.phase, "embedded": share.embedded, "notes": status.notes,
+                "chunks": status.chunks, "stale": status.stale}
 
     # --- changes --------------------------------------------------------------------------
 
@@ -332,25 +376,6 @@ class CrucibleKilnBackend:
             await nursery.start(partial(watch_kiln, self.root, lambda: self._index, on_change=on_change))
             if on_armed is not None:
                 on_armed()
-
-
-def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
-    """The index's `IndexProgress` as the protocol's (done, total, message), at most ~4 a second."""
-    last: dict[str, Any] = {"at": 0.0, "phase": ""}
-
-    def report(p: Any) -> None:
-        now = time.monotonic()
-        phase = getattr(p, "phase", "")
-        done = p.chunks_done >= p.chunks_total if phase == "embed" else p.notes_done >= p.notes_total
-        if now - last["at"] < 0.25 and phase == last["phase"] and not done:
-            return
-        last.update(at=now, phase=phase)
-        if phase == "embed":
-            progress(p.chunks_done, p.chunks_total, f"Embedding chunks {p.chunks_done}/{p.chunks_total}")
-        else:
-            progress(p.notes_done, p.notes_total, f"Reading notes {p.notes_done}/{p.notes_total}")
-
-    return report
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -382,10 +407,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)
     bridge = build_bridge(root, config)
-    if args.http or args.sse:
-        trio.run(_serve_http, bridge, args.port, "sse" if args.sse else "http")
-    else:
-        trio.run(bridge.serve_stdio)
+    # The index opens and builds in the background from the start: the first search answers
+    # at once (by words), not after a build.
+    bridge.backend.start_indexing()
+    try:
+        if args.http or args.sse:
+            trio.run(_serve_http, bridge, args.port, "sse" if args.sse else "http")
+        else:
+            trio.run(bridge.serve_stdio)
+    finally:
+        bridge.backend.close()
     return 0
 
 

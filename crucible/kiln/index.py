@@ -125,6 +125,10 @@ class IndexStatus(BaseModel):
 # One writer per kiln
 
 
+class IndexBusyError(IndexUnusableError):
+    """Another process holds the writer lock."""
+
+
 class WriterLock:
     """The kiln's writer lock (flock on .crucible/index.lock), and the status file its holder
     keeps (.crucible/index-build.json: pid and progress) for the processes waiting on it."""
@@ -150,7 +154,7 @@ class WriterLock:
                     raise
             if wait is None or not wait(_read_status(self.root)):
                 handle.close()
-                raise IndexUnusableError(
+                raise IndexBusyError(
                     "the index is being updated by another process",
                     f"wait for the other `cru` on this kiln to finish; if none is running: {REBUILD}",
                 )
@@ -399,15 +403,16 @@ class KilnIndex:
             return self.update(progress)
         expanded = self.expand_paths(paths)
         self._refresh_lexical(expanded)
+        self._queued.update(expanded)
         if not self._lock.acquire(blocking=False):
-            self._queued.update(expanded)
             return IndexReport()
         try:
             with self._writing():
                 report = IndexReport()
-                self._update(expanded, report, progress, full=False)
                 self._drain_queue(report, None)
                 return report
+        except IndexBusyError:  # another process updates the index: these wait for the next call
+            return IndexReport()
         finally:
             self._lock.release()
 
