@@ -346,6 +346,14 @@ class KilnIndex:
                 self._embedded = self._current_in_store(lex)
             return len(self._embedded & lex.stamps.keys()), len(lex)
 
+    def embedded_paths(self) -> frozenset[str]:
+        """The notes whose vectors are stored and current."""
+        with self._lex_lock:
+            lex = self.lexical()
+            if self._embedded is None:
+                self._embedded = self._current_in_store(lex)
+            return frozenset(self._embedded)
+
     def _current_in_store(self, lex: LexicalIndex) -> set[str]:
         stamps = {p: f"{m}:{s}" for p, (m, s) in lex.stamps.items()}
         return {p for p, e in self.manifest().items() if e.stamp and stamps.get(p) == e.stamp}

@@ -201,13 +201,25 @@ def lexical_ranking(index: KilnIndex, query: str, depth: int) -> list[tuple[str,
     return index.lexical_search(query, depth)
 
 
-def rrf(rankings: list[list[str]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Reciprocal-rank fusion: each ranking adds 1 / (k + rank) to the notes it lists."""
+def rrf(rankings: list[list[str]], k: int = RRF_K, missing: set[str] | None = None) -> list[tuple[str, float]]:
+    """Reciprocal-rank fusion: each ranking adds 1 / (k + rank) to the notes it lists.
+
+    `missing`: notes the first ranking could not list (not embedded yet, in a partial index);
+    each counts its other rankings twice, as if the first had agreed with them, so a note is
+    not pushed down just because its vectors are not built yet."""
     fused: dict[str, float] = {}
     for ranking in rankings:
         for rank, path in enumerate(ranking):
             fused[path] = fused.get(path, 0.0) + 1.0 / (k + rank + 1)
+    for path in missing or ():
+        if path in fused:
+            fused[path] *= 2.0
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _not_embedded(index: KilnIndex, paths: list[str]) -> set[str]:
+    embedded = index.embedded_paths()
+    return {p for p in paths if p not in embedded}
 
 
 def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchHit]:
@@ -224,7 +236,8 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchH
     if not index.needs_rebuild and index.count_notes() > 0:
         vector = index.embed_query(query)
         ranked = dense_ranking(index, vector, depth)
-    top = rrf([[d.path for d, _ in ranked], [p for p, _ in lexical]])[:limit]
+    top = rrf([[d.path for d, _ in ranked], [p for p, _ in lexical]],
+              missing=_not_embedded(index, [p for p, _ in lexical]) if ranked else None)[:limit]
     scale = 2.0 / (RRF_K + 1)
     dense = {d.path: d for d, _ in ranked}
     return _results(index, [(p, score / scale) for p, score in top], dense, vector, query)
