@@ -8,7 +8,9 @@ simplest form, a field's words counted `weight` times):
 - the title (frontmatter `title`, else the first H1, else the file name) x TITLE_WEIGHT,
 - the headings x HEADING_WEIGHT,
 - the path (folder names, and the file name when it is not the title) x PATH_WEIGHT,
-- the body x 1 (the frontmatter is left to property_search, as the chunks leave it out).
+- what the frontmatter says the note is about (`description` or `summary`, `aliases`)
+  x ABOUT_WEIGHT, like a heading (the rest of the frontmatter is left to property_search),
+- the body x 1.
 
 The weights were chosen before looking at any query set: a title or a heading names what a
 whole note or section is about, so one of its words says more than one word of prose.
@@ -38,6 +40,7 @@ from crucible.kiln.paths import iter_markdown, resolve_in_kiln
 TITLE_WEIGHT = 3
 HEADING_WEIGHT = 2
 PATH_WEIGHT = 2
+ABOUT_WEIGHT = 2
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
@@ -73,6 +76,10 @@ def tokenize(text: str) -> list[str]:
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_FM_ABOUT = re.compile(
+    r"""^(?:description|summary):[ \t]*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$""",
+    re.MULTILINE)
+_FM_ALIASES = re.compile(r"^alias(?:es)?:[ \t]*(.*)$((?:\n[ \t]*-[ \t].*)*)", re.MULTILINE)
 _FM_TITLE = re.compile(r"""^title:[ \t]*(?:"([^"]*)"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$""", re.MULTILINE)
 
 
@@ -82,6 +89,7 @@ class NoteFields:
     headings: list[str]
     folders: list[str]
     stem: str
+    about: str  # description or summary, and aliases
     body: str  # the body without its heading lines
 
 
@@ -91,10 +99,17 @@ def note_fields(text: str, rel: str) -> NoteFields:
     follows `notes.parse_note`: frontmatter `title`, else the first H1, else the file name."""
     yaml_text, body, _ = split_frontmatter(text)
     title = ""
+    about: list[str] = []
     if yaml_text is not None:
         m = _FM_TITLE.search(yaml_text)
         if m:
             title = next((g for g in m.groups() if g is not None), "").strip()
+        m = _FM_ABOUT.search(yaml_text)
+        if m:
+            about.append(next((g for g in m.groups() if g is not None), ""))
+        m = _FM_ALIASES.search(yaml_text)
+        if m:
+            about.append(m.group(1) + " " + m.group(2))
     headings: list[str] = []
     prose: list[str] = []
     fence: str | None = None
@@ -119,7 +134,7 @@ def note_fields(text: str, rel: str) -> NoteFields:
     stem = pure.stem
     return NoteFields(
         title=title or stem, headings=headings, folders=list(pure.parent.parts), stem=stem,
-        body="\n".join(prose),
+        about=" ".join(about), body="\n".join(prose),
     )
 
 
@@ -130,7 +145,8 @@ def field_tokens(fields: NoteFields) -> list[str]:
     headings = [t for h in fields.headings if h.strip() != fields.title for t in tokenize(h)]
     path = [t for f in fields.folders for t in tokenize(f)]
     path += [t for t in tokenize(fields.stem) if t not in in_title]
-    return title * TITLE_WEIGHT + headings * HEADING_WEIGHT + path * PATH_WEIGHT + tokenize(fields.body)
+    return (title * TITLE_WEIGHT + headings * HEADING_WEIGHT + path * PATH_WEIGHT
+            + tokenize(fields.about) * ABOUT_WEIGHT + tokenize(fields.body))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +236,7 @@ class LexicalIndex:
     """BM25 over every readable note of a kiln, kept current by `refresh` (not thread-safe:
     the owner holds a lock)."""
 
-    FORMAT = 2
+    FORMAT = 3
 
     def __init__(self) -> None:
         self.bm25 = Bm25()

@@ -33,7 +33,7 @@ from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder
 from crucible.kiln.paths import RESERVED_DIR
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: an 'about' chunk per note (chunking.note_about)
 STORE_DIR = f"{RESERVED_DIR}/chroma"
 REBUILD = "cru kiln index --rebuild"
 # Rows per Chroma read/write call (well under any server's max batch size).

@@ -13,7 +13,7 @@ import pytest
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.index import KilnIndex
-from crucible.kiln.lexical import Bm25, tokenize
+from crucible.kiln.lexical import Bm25, LexicalIndex, tokenize
 from crucible.kiln.search import (
     hybrid_search,
     property_search,
@@ -215,7 +215,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
 
         saved.write_text("{ not json")  # a damaged saved index is rebuilt from the notes
         assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
-        assert json.loads(saved.read_text())["format"] == 2
+        assert json.loads(saved.read_text())["format"] == LexicalIndex.FORMAT  # written again
     finally:
         for h in handles:
             h.close()
