@@ -171,9 +171,10 @@ class BackgroundIndex:
             from crucible.kiln.index import KilnIndex
 
             index = KilnIndex.open(self.root, self.config)
-            index.warm_lexical()
+            index.lexical()  # read from the files: searchable from here on
             self._index = index
             self._opened.set()
+            index.save_lexical()  # after: the first search need not wait for it
             share, notes = self._share()
             self._set(phase="embedding", embedded=share, notes=notes, force=True)
             if self.mode == "thread":

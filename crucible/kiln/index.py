@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = f"{RESERVED_DIR}/index.lock"
 STATUS_FILE = f"{RESERVED_DIR}/index-build.json"
-# Texts per embedder call: small enough for a lively progress bar, big enough to batch well.
-EMBED_STEP = 32
+# Texts per embedder call: the embedder sorts them by length, so a wide window pads less
+# (measured: 256-512 texts embed ~25% faster than 32); still a progress step every few seconds.
+EMBED_STEP = 256
 # Notes read, embedded and written together (the unit of the pipeline and of resumption).
 GROUP_NOTES = 32
 # During a long update, how often the store's generation changes (other processes follow it).
@@ -670,8 +671,7 @@ class KilnIndex:
             if self._lexical is None:
                 self._lexical = self._load_lexical() or LexicalIndex()
                 if self._lexical.refresh(self.root):
-                    self._lex_dirty = True
-                    self.save_lexical()  # so the next process finds it ready
+                    self._lex_dirty = True  # saved by warm_lexical, an update or close
             return self._lexical
 
     def _refresh_lexical(self, paths: list[str] | None) -> None:

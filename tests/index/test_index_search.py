@@ -214,7 +214,10 @@ def test_lexical_index_is_saved_and_follows_other_processes(
             assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
 
         saved.write_text("{ not json")  # a damaged saved index is rebuilt from the notes
-        assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
+        rebuilt = fresh()
+        assert rebuilt.lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
+        rebuilt.close()  # and saved (by close, off the first search's path)
+        handles.remove(rebuilt)
         assert json.loads(saved.read_text())["format"] == LexicalIndex.FORMAT  # written again
     finally:
         for h in handles:
