@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from index import REPO, SHARED_KILN, Printer, cache_dir, sync_kiln  # noqa: E402  (bench/index.py)
 
-from crucible.config import Config  # noqa: E402
+from crucible.config import Config, EmbedderConfig  # noqa: E402
 from crucible.kiln import search as S  # noqa: E402
 from crucible.kiln.index import KilnIndex  # noqa: E402
 from crucible.kiln.lexical import LexicalIndex  # noqa: E402
@@ -124,19 +124,98 @@ def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_mi
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scale(kilns: list[tuple[str, Path, list[str]]], repeat: int) -> None:
+    """hybrid_search p50/p95 on each kiln (already indexed), with the embedded store and with a
+    `chroma run` server serving the same store folder (goal: p95 on the large kiln <= 3x the
+    small one's)."""
+    import subprocess
+
+    import httpx
+
+    from crucible.config import IndexConfig
+
+    rows: dict[tuple[str, str], tuple[float, float]] = {}
+    for label, kiln, queries in kilns:
+        for store in ("embedded", "server"):
+            server = None
+            config = Config()
+            if store == "server":
+                port = _free_port()
+                server = subprocess.Popen(
+                    [str(Path(sys.executable).parent / "chroma"), "run", "--host", "127.0.0.1", "--port",
+                     str(port), "--path", str(kiln / ".crucible" / "chroma")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                url = f"http://127.0.0.1:{port}"
+                for _ in range(300):
+                    try:
+                        if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                            break
+                    except (OSError, httpx.HTTPError):
+                        pass
+                    time.sleep(0.2)
+                config = Config(index=IndexConfig(url=url))
+            try:
+                index = KilnIndex.open(kiln, config)
+                S.hybrid_search(index, queries[0], 10)  # warm up: model, lexical index
+                samples = []
+                for _ in range(repeat):
+                    for q in queries:
+                        t0 = time.perf_counter()
+                        S.hybrid_search(index, q, 10)
+                        samples.append(time.perf_counter() - t0)
+                rows[(label, store)] = percentiles(samples)
+                print(f"  {label:28s} {store:9s} notes {index.count_notes():6d}  hybrid_search p50 "
+                      f"{rows[(label, store)][0]:7.1f} ms  p95 {rows[(label, store)][1]:7.1f} ms", flush=True)
+                index.close()
+            finally:
+                if server is not None:
+                    server.terminate()
+                    server.wait(10)
+    (small, *_), (big, *_) = kilns[0], kilns[-1]
+    for store in ("embedded", "server"):
+        ratio = rows[(big, store)][1] / rows[(small, store)][1]
+        print(f"  {store}: p95 {big} / {small} = {ratio:.2f}x (goal <= 3x)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--repeat", type=int, default=3, help="latency rounds over the query set")
     ap.add_argument("--misses", action="store_true", help="list the queries each ranking missed")
     ap.add_argument("--variants", action="store_true", help="also other chunk weights and fusions")
     ap.add_argument("--quality-only", action="store_true", help="no held-out set, no latency")
+    ap.add_argument("--scale", metavar="KILN", type=Path,
+                    help="latency on the sample kiln vs KILN (indexed before, e.g. by bench/index.py "
+                         "--compare-old), embedded and through a chroma run server")
+    ap.add_argument("--embedder-model", help="e.g. all-MiniLM-L6-v2-int8 (quality with that embedder)")
     args = ap.parse_args()
     if not SHARED_KILN.is_dir():
         print(f"the sample kiln ../shared/kilns/{SHARED_KILN.name} is not there")
         return 1
-    kiln = cache_dir() / "crucible-docs"
+    kiln = cache_dir() / ("crucible-docs" + (f"-{args.embedder_model}" if args.embedder_model else ""))
     sync_kiln(SHARED_KILN, kiln)
-    index = KilnIndex.open(kiln, Config())
+    config = Config()
+    if args.embedder_model:
+        config = Config(embedder=EmbedderConfig(model=args.embedder_model))
+    if args.scale:
+        index = KilnIndex.open(kiln, config)
+        index.update(progress=Printer("index"))
+        index.close()
+        own = [q["query"] for q in json.loads(QUERIES.read_text())["queries"]]
+        topics = ["lantern harbor", "quartz falcon over the prairie", "glacier river at night",
+                  "violin thunder", "compiler kernel", "orchid pepper recipe", "walnut yarn",
+                  "beacon jetty in the fog", "granite summit", "nebula orbit"] * 5
+        print("\nsearch latency:")
+        scale([("sample kiln", kiln, own), (args.scale.name, args.scale, topics)], args.repeat)
+        return 0
+    index = KilnIndex.open(kiln, config)
     report = index.update(progress=Printer("index"))
     print(f"index: {index.count_notes()} notes, {index.count_chunks()} chunks "
           f"({report.notes_indexed} notes re-indexed now, {report.elapsed:.1f}s)")
