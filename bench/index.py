@@ -394,16 +394,16 @@ class Stages:
         setattr(owner, name, timed)
 
 
-def profiled_build(kiln: Path) -> tuple[IndexReport, float, Stages]:
+def profiled_build(kiln: Path, config: Config) -> tuple[IndexReport, float, Stages]:
     from crucible.kiln import embedder as E
     from crucible.kiln import index as I
     from crucible.kiln import lexical as L
     from crucible.kiln import store as St
 
     stages = Stages()
-    index = KilnIndex.open(kiln, Config(), rebuild=True)
+    index = KilnIndex.open(kiln, config, rebuild=True)
     index.embedder.embed(["warm up"])  # the model loads outside the timing, as for the old code
-    runtime = E._runtime(index.embedder.threads)  # type: ignore[attr-defined]
+    runtime = E._runtime(index.embedder.threads, index.embedder.int8)  # type: ignore[attr-defined]
 
     class Timed:
         def __init__(self, inner: Any, method: str, label: str) -> None:
@@ -438,7 +438,10 @@ def profiled_build(kiln: Path) -> tuple[IndexReport, float, Stages]:
     return report, wall, stages
 
 
-def compare_old(base: Path, notes: int) -> None:
+def compare_old(base: Path, notes: int, model: str | None = None) -> None:
+    from crucible.config import EmbedderConfig
+
+    config = Config(embedder=EmbedderConfig(model=model)) if model else Config()
     src = base / f"generated-{notes}"
     if not src.is_dir():
         generate_kiln(src, notes)
@@ -459,14 +462,15 @@ def compare_old(base: Path, notes: int) -> None:
                           capture_output=True, text=True, check=True)
     old = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"  today's code: {old['elapsed']:.0f}s for {old['chunks']} chunks", flush=True)
-    print(f"full build of {notes} notes with this code (profiled) ...", flush=True)
-    report, wall, stages = profiled_build(kilns["new"])
+    print(f"full build of {notes} notes with this code (profiled; embedder {model or 'default'}) ...",
+          flush=True)
+    report, wall, stages = profiled_build(kilns["new"], config)
     print(f"  this code: {wall:.0f}s for {report.chunks_embedded} chunks = {wall / old['elapsed']:.2f}x "
           f"today's ({old['elapsed']:.0f}s; goal <= 0.5x)", flush=True)
     print("  busy time per stage (they overlap; % of the wall time):")
     for label, busy in sorted(stages.busy.items(), key=lambda kv: -kv[1]):
         print(f"    {label:28s} {busy:8.1f}s  {100 * busy / wall:5.1f}%")
-    index = KilnIndex.open(kilns["new"], Config())
+    index = KilnIndex.open(kilns["new"], config)
     try:
         note = next(iter(sorted(kilns["new"].rglob("*.md"))))
         note.write_text(note.read_text() + "\nOne more paragraph about the lantern in the harbor.\n")
@@ -496,13 +500,14 @@ def main() -> int:
     ap.add_argument("--modes", action="store_true", help="cru mcp while its index builds: thread vs worker")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long --modes calls tools")
     ap.add_argument("--first-answer", action="store_true", help="cru mcp start -> first search answer")
+    ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
     ap.add_argument("--compare-old", action="store_true",
                     help="the whole build, today's code vs this code in one run, with a profile")
     args = ap.parse_args()
     if args.compare_old:
         base = cache_dir() / "sessions"
         base.mkdir(parents=True, exist_ok=True)
-        compare_old(base, args.notes)
+        compare_old(base, args.notes, args.embedder_model)
         return 0
     if args.modes or args.first_answer:
         base = cache_dir() / "sessions"

@@ -261,6 +261,13 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
             while not (build_status(root) or {}).get("notes_total"):  # noqa: ASYNC110 - a file
                 await trio.sleep(0.1)
         assert (await phase())["phase"] == "embedding"
+        # `cru kiln info` shows the state: the share embedded so far and who is building
+        info = await trio.run_process([cru_bin, "kiln", "info", "--kiln", str(root), "--json"], env=clean_env,
+                                      capture_stdout=True, capture_stderr=True, check=False)
+        assert info.returncode == 0, info.stderr.decode()
+        index = json.loads(info.stdout)["index"]
+        assert index["building"]["pid"] != os.getpid() and index["building"]["notes_total"] == 500
+        assert 0.0 <= index["embedded"] < 1.0
         # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
         other = await trio.run_process(
             [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
