@@ -79,6 +79,9 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _FM_ABOUT = re.compile(
     r"""^(?:description|summary):[ \t]*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$""",
     re.MULTILINE)
+# `description: >` (or |, >-, |2 ...): the text is the indented lines below it
+_FM_BLOCK = re.compile(r"[|>][-+0-9]*")
+_FM_INDENTED = re.compile(r"(?:\n(?:[ \t]+.*)?)*")
 _FM_ALIASES = re.compile(r"^alias(?:es)?:[ \t]*(.*)$((?:\n[ \t]*-[ \t].*)*)", re.MULTILINE)
 _FM_TITLE = re.compile(r"""^title:[ \t]*(?:"([^"]*)"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$""", re.MULTILINE)
 
@@ -106,7 +109,11 @@ def note_fields(text: str, rel: str) -> NoteFields:
             title = next((g for g in m.groups() if g is not None), "").strip()
         m = _FM_ABOUT.search(yaml_text)
         if m:
-            about.append(next((g for g in m.groups() if g is not None), ""))
+            value = next((g for g in m.groups() if g is not None), "")
+            if _FM_BLOCK.fullmatch(value):
+                block = _FM_INDENTED.match(yaml_text, m.end())  # matches, maybe empty
+                value = block.group(0) if block else ""
+            about.append(value)
         m = _FM_ALIASES.search(yaml_text)
         if m:
             about.append(m.group(1) + " " + m.group(2))
@@ -236,7 +243,7 @@ class LexicalIndex:
     """BM25 over every readable note of a kiln, kept current by `refresh` (not thread-safe:
     the owner holds a lock)."""
 
-    FORMAT = 3
+    FORMAT = 4  # 4: a folded or literal description is read
 
     def __init__(self) -> None:
         self.bm25 = Bm25()

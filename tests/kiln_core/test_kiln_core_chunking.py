@@ -7,6 +7,7 @@ from pathlib import Path
 
 from crucible.kiln.atomic import content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
+from crucible.kiln.lexical import note_fields
 from crucible.kiln.notes import parse_note, read_note
 from crucible.kiln.paths import iter_markdown
 
@@ -137,3 +138,11 @@ def test_query_set_points_at_existing_notes(fixture_kiln_src: Path) -> None:
     for q in queries:
         assert set(q) == {"query", "expected"}
         assert q["expected"] in notes, q
+
+
+def test_about_is_a_lexical_field_too() -> None:
+    folded = note_fields("---\ndescription: >\n  How to keep\n  bread alive\nstatus: x\n---\n# Starter\n", "n.md")
+    assert folded.about.split() == ["How", "to", "keep", "bread", "alive"]
+    quoted = note_fields('---\nsummary: "Keep it fed" # why\naliases:\n  - levain\n---\nbody\n', "n.md")
+    assert quoted.about.split() == ["Keep", "it", "fed", "-", "levain"]
+    assert note_fields("# Plain\n\nNo frontmatter.\n", "p.md").about == ""
