@@ -37,7 +37,7 @@ from acp_host.session import (
     dump,
 )
 
-__all__ = ["AcpClient", "AcpProtocolError", "AgentStartError", "connect_agent"]
+__all__ = ["AcpClient", "AcpProtocolError", "AgentStartError", "UpdateHook", "connect_agent"]
 
 PROTOCOL_VERSION = 1
 DEFAULT_INIT_TIMEOUT = 60.0
@@ -55,7 +55,7 @@ class AcpProtocolError(Exception):
 
 def _client_version() -> str:
     try:
-        return metadata.version("crucible")
+        return metadata.version("crucible-acp")
     except metadata.PackageNotFoundError:
         return "0"
 
@@ -114,6 +114,10 @@ def _mcp_servers(servers: Iterable[Any]) -> list[Any]:
     return out
 
 
+# `AcpClient.on_update`: a session/update's params and its raw frame (None if not at hand).
+UpdateHook = Callable[[dict[str, Any], bytes | None], Awaitable[None]]
+
+
 class AcpClient:
     """ACP client over a peer. Installs itself as the peer's request and notification
     handler. `nursery` runs the sessions' background work (terminal output readers)."""
@@ -137,9 +141,10 @@ class AcpClient:
         self._sessions_changed = trio.Event()
         self.init: schema.InitializeResponse | None = None
         self._closing = False
-        # Sees every session/update's raw params before they are parsed: a proxy (`cru acp`)
-        # forwards them as they are, unknown variants included.
-        self.on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        # Sees every session/update before it is parsed, as params and as the frame's bytes
+        # received (without the newline): a proxy (`cru acp`) forwards them as they are,
+        # unknown variants included.
+        self.on_update: UpdateHook | None = None
         peer.request_handler = self._on_request
         peer.notification_handler = self._on_notification
 
@@ -170,7 +175,7 @@ class AcpClient:
             return  # other notifications (none in ACP 1 for clients) are ignored
         session_id = params.get("sessionId")
         if self.on_update is not None:
-            await self.on_update(params)
+            await self.on_update(params, self.peer.current_line)
         session = self.sessions.get(session_id)  # type: ignore[arg-type]
         if session is not None:
             await session.handle_update(params)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +31,22 @@ from typing import Any, Protocol
 
 __all__ = [
     "BUILTINS",
+    "DISTRIBUTION_KINDS",
+    "REGISTRY_URL",
     "AgentRegistryError",
     "AgentSpec",
     "BuiltinAgent",
     "ProfileLike",
     "Profiles",
+    "RegistryAgent",
+    "RegistryLaunch",
     "auth_hint",
+    "current_platform",
+    "fetch_on_run",
     "install_hint",
     "known_names",
+    "parse_registry",
+    "registry_launches",
     "resolve_agent",
 ]
 
@@ -112,6 +121,45 @@ BUILTINS: dict[str, BuiltinAgent] = {
                      "run `codex login`, or set OPENAI_API_KEY"),
     )
 }
+
+# Package runners that download the package they run when it is not in their cache: running
+# such a command can mean hundreds of MB from a registry, so inspecting it (`cru doctor`,
+# `cru agents`) must not run it. runner -> the registry it fetches from.
+_PACKAGE_RUNNERS = {"npx": "npm", "bunx": "npm", "pnpx": "npm", "uvx": "PyPI"}
+# Options of those runners that take a value (so the value is not mistaken for the package).
+_RUNNER_VALUE_OPTIONS = {"-p", "--package", "--from", "--with", "--python", "--index", "--index-url",
+                         "-c", "--call", "--registry", "--cache", "--userconfig"}
+
+
+def fetch_on_run(argv: Sequence[str]) -> str | None:
+    """What running `argv` would download first, e.g. "npm package @scope/pkg", when argv is a
+    package runner (npx, bunx, pnpx, uvx); None for a plain command."""
+    if not argv:
+        return None
+    runner = Path(argv[0]).name
+    if runner not in _PACKAGE_RUNNERS:
+        return None
+    args = list(argv[1:])
+    package: str | None = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-p", "--package", "--from") and i + 1 < len(args):
+            package = args[i + 1]
+            break
+        if a.startswith(("--package=", "--from=")):
+            package = a.split("=", 1)[1]
+            break
+        if a in _RUNNER_VALUE_OPTIONS:
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        package = a
+        break
+    return f"{_PACKAGE_RUNNERS[runner]} package {package or '(unknown)'}"
+
 
 # Where npm, bun and the agents' own installers put executables; a host started from a
 # desktop launcher often has a PATH without them (then installed agents look missing).
@@ -255,3 +303,131 @@ def resolve_agent(
     if not name:
         raise AgentRegistryError("no agent given", f"pass -a with one of: {', '.join(known_names(profiles))}")
     return _resolve(name, profiles, path, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# The ACP agent registry (agentclientprotocol/registry): agents an editor or host can install.
+# A registry file is {"version", "agents": [agent, ...], "extensions": [...]}; an agent is
+# {"id", "name", "version", "description", "distribution": {"npx"|"uvx": {"package", "args",
+# "env", "cmd"?}, "binary": {PLATFORM: {"archive", "cmd", "args", "env"}}}, ...}. A single
+# agent.json is read as a registry of one.
+
+REGISTRY_URL = "https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json"
+DISTRIBUTION_KINDS = ("npx", "uvx", "binary")
+
+
+@dataclass(frozen=True)
+class RegistryAgent:
+    id: str
+    name: str
+    version: str
+    description: str
+    distribution: Mapping[str, Any]
+    repository: str | None = None
+
+
+@dataclass(frozen=True)
+class RegistryLaunch:
+    """How to run a registry agent through one of its distributions, and what that costs."""
+
+    kind: str  # "npx" | "uvx" | "binary"
+    command: str
+    args: list[str]
+    env: dict[str, str]
+    fetches: str  # what the first run (or the person, for a binary) downloads
+    install: str  # how to install it ahead of time
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise AgentRegistryError(f"{where} must be a list of strings")
+    return list(value)
+
+
+def _env(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in value.items()):
+        raise AgentRegistryError(f"{where} must be an object of strings")
+    return dict(value)
+
+
+def parse_registry(data: Any, source: str = "the registry") -> list[RegistryAgent]:
+    """The agents of a registry document (or of one agent.json); AgentRegistryError naming the
+    first entry that is not in the registry's format."""
+    if isinstance(data, Mapping) and "id" in data and "agents" not in data:
+        entries: Any = [data]
+    elif isinstance(data, Mapping) and isinstance(data.get("agents"), list):
+        entries = data["agents"]
+    else:
+        raise AgentRegistryError(f"{source} is not an ACP registry (no \"agents\" list, no agent \"id\")",
+                                 f"give a registry.json or an agent.json (the official one: {REGISTRY_URL})")
+    agents: list[RegistryAgent] = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: agents[{i}]"
+        if not isinstance(entry, Mapping):
+            raise AgentRegistryError(f"{where} is not an object")
+        missing = [k for k in ("id", "name", "version", "description", "distribution") if k not in entry]
+        if missing:
+            raise AgentRegistryError(f"{where} lacks {', '.join(missing)}")
+        for key in ("id", "name", "version", "description"):
+            if not isinstance(entry[key], str) or not entry[key]:
+                raise AgentRegistryError(f"{where}.{key} must be a non-empty string")
+        dist = entry["distribution"]
+        if not isinstance(dist, Mapping) or not dist or any(k not in DISTRIBUTION_KINDS for k in dist):
+            raise AgentRegistryError(f"{where} ({entry['id']}): distribution must hold npx, uvx or binary")
+        repo = entry.get("repository")
+        agents.append(RegistryAgent(entry["id"], entry["name"], entry["version"], entry["description"],
+                                    dist, repo if isinstance(repo, str) else None))
+    return agents
+
+
+def current_platform() -> str:
+    """This machine in the registry's platform names (linux-x86_64, darwin-aarch64, …)."""
+    import platform  # only the registry listing asks which machine this is
+
+    system = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform)
+    machine = platform.machine().lower()
+    arch = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    return f"{system}-{arch}"
+
+
+def registry_launches(agent: RegistryAgent, platform: str | None = None) -> list[RegistryLaunch]:
+    """Every way to run `agent` here, in the registry's order of preference (npx, uvx, binary
+    for this platform)."""
+    launches: list[RegistryLaunch] = []
+    where = f"{agent.id}: distribution"
+    dist = agent.distribution
+    for kind in ("npx", "uvx"):
+        spec = dist.get(kind)
+        if spec is None:
+            continue
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("package"), str) or not spec["package"]:
+            raise AgentRegistryError(f"{where}.{kind} needs a \"package\"")
+        package = spec["package"]
+        args = _strings(spec.get("args"), f"{where}.{kind}.args")
+        env = _env(spec.get("env"), f"{where}.{kind}.env")
+        cmd = spec.get("cmd") if isinstance(spec.get("cmd"), str) else None
+        if kind == "npx":
+            argv = ["-y", "--package", package, cmd, *args] if cmd else ["-y", package, *args]
+            launches.append(RegistryLaunch("npx", "npx", argv, env, f"npm package {package}",
+                                           f"npm install -g {package}"))
+        else:
+            argv = ["--from", package, cmd, *args] if cmd else [package, *args]
+            launches.append(RegistryLaunch("uvx", "uvx", argv, env, f"PyPI package {package}",
+                                           f"uv tool install {package}"))
+    binary = dist.get("binary")
+    if isinstance(binary, Mapping):
+        target = binary.get(platform or current_platform())
+        if isinstance(target, Mapping) and isinstance(target.get("archive"), str) \
+                and isinstance(target.get("cmd"), str):
+            exe = Path(target["cmd"]).name
+            launches.append(RegistryLaunch(
+                "binary", exe, _strings(target.get("args"), f"{where}.binary.args"),
+                _env(target.get("env"), f"{where}.binary.env"), f"archive {target['archive']}",
+                f"download {target['archive']}, unpack it and put {exe} on your PATH "
+                "(or set the profile's command to its full path)"))
+    return launches

@@ -10,7 +10,7 @@ same N, same run:
             agent receiving session/prompt to FLOOD-END on screen; meanwhile a key is typed, its
             echo in the input line awaited, then the next key: keystroke-to-screen latency
 
-    python bench/tui.py [--n 50000] [--repeat 3]
+    python bench/tui.py [--n 50000] [--repeat 3] [--cru PATH]   (PATH: another cru, e.g. an older checkout)
 
 Goals (issue 6): tui flood time <= 1.5x headless; keystroke p95 < 100 ms.
 """
@@ -176,10 +176,13 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> int:
+    global CRU
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=50000, help="chunks per flood")
     parser.add_argument("--repeat", type=int, default=3, help="floods per mode")
+    parser.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
     args = parser.parse_args()
+    CRU = args.cru
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
         tmp = Path(d)
         kiln = tmp / "kiln"

@@ -9,7 +9,9 @@ editor's side onto it:
 * The backend's `session/update` frames are forwarded as they are (unknown variants too):
   the raw line, with only the sessionId replaced by the editor's (re-encoded when that
   cannot be done safely on the bytes); Crucible's card option and slash commands are
-  spliced into `config_option_update` / `available_commands_update`.
+  spliced into `config_option_update` / `available_commands_update` (crucible/acp_forward.py).
+  The typed events of the session go through the one pipeline (crucible/events.py) into its
+  transcript.
 * The backend's requests go to the editor: `session/request_permission` after Crucible's own
   policy (card, config, remembered answers) had its say; `fs/*` and `terminal/*` when the
   editor advertised them (it has the unsaved buffers), else the session serves them itself.
@@ -23,13 +25,12 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -42,18 +43,24 @@ from acp_host.jsonrpc import (
     ConnectionClosed,
     JsonRpcError,
     JsonRpcPeer,
-    Notification,
     Response,
-    encode,
 )
 from crucible import __version__
+from crucible.acp_forward import CoalescingSendStream, UpdateForwarder
 from crucible.errors import CrucibleError
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
     from acp_host.session import Decision, TurnEnded
     from crucible.cards import Card
-    from crucible.sessions import BridgeHost, CrucibleSession, PermissionAsk, SessionOptions
+    from crucible.sessions import (
+        BridgeHost,
+        CrucibleSession,
+        ElicitAnswer,
+        ElicitationAsk,
+        PermissionAsk,
+        SessionOptions,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +83,6 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
-# Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
-# Every other update goes to the editor as the backend wrote it (`_Forwarder.raw_frame`).
-_SPLICED = ("available_commands_update", "config_option_update")
-# An update forwarded from its decoded form, framed by hand.
-_UPDATE_HEAD = b'{"jsonrpc":"2.0","method":"session/update","params":'
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -107,97 +108,6 @@ async def serve(args: argparse.Namespace, in_fd: int, out_fd: int) -> None:
         nursery.start_soon(send.run)
         await server.run(send, receive)
         nursery.cancel_scope.cancel()
-
-
-class CoalescingSendStream(trio.abc.SendStream):
-    """Frames written in a burst go to the editor in one write, in order.
-
-    A flood of backend updates would otherwise cost a pipe write (and a wake-up of the
-    editor) per frame. `send_all` appends to a buffer that `run()` writes out at most `delay`
-    seconds later (at once when `batch` bytes are pending); callers wait only when more than
-    `limit` bytes are pending (backpressure)."""
-
-    def __init__(self, inner: trio.abc.SendStream, *, delay: float = 0.002, batch: int = 64 * 1024,
-                 limit: int = 1 << 20) -> None:
-        self.inner = inner
-        self.delay = delay
-        self.batch = batch
-        self.limit = limit
-        self._buf = bytearray()
-        self._wake = trio.Event()
-        self._full = trio.Event()
-        self._space = trio.Event()
-        self._error: BaseException | None = None
-        self._closed = False
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError("the stream is closed")
-        if self._error is not None:
-            raise trio.BrokenResourceError("the editor's side of the pipe is closed") from self._error
-        self._buf += data
-        self._wake.set()
-        if len(self._buf) >= self.batch:
-            self._full.set()
-        while len(self._buf) > self.limit and self._error is None and not self._closed:
-            await self._space.wait()
-
-    def put_nowait(self, frame: bytes) -> bool:
-        """Queue one whole frame if there is room and the editor is there (else False, and
-        nothing is queued): a forwarded flood then costs no scheduler round per update."""
-        if len(self._buf) > self.limit or self._closed or self._error is not None:
-            return False
-        self._buf += frame
-        self._wake.set()
-        if len(self._buf) >= self.batch:
-            self._full.set()
-        return True
-
-    async def send_frame(self, frame: bytes) -> bool:
-        """Queue one whole frame, waiting for room (backpressure) only when it is short of it.
-        False when the editor is gone."""
-        while len(self._buf) > self.limit and self._error is None and not self._closed:
-            await self._space.wait()
-        return self.put_nowait(frame)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        while len(self._buf) > self.limit and self._error is None:
-            await self._space.wait()
-
-    async def run(self) -> None:
-        """Write what is buffered, until cancelled or the editor goes away."""
-        try:
-            while True:
-                await self._wake.wait()
-                with trio.move_on_after(self.delay):
-                    await self._full.wait()
-                self._wake = trio.Event()
-                self._full = trio.Event()
-                await self._flush()
-                if self._error is not None:
-                    return
-        finally:
-            self._space.set()
-
-    async def _flush(self) -> None:
-        while self._buf and self._error is None:
-            data = bytes(self._buf)
-            self._buf.clear()
-            try:
-                await self.inner.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._error = exc
-            self._space.set()
-            self._space = trio.Event()
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with trio.move_on_after(2, shield=True):
-            await self._flush()
-        self._space.set()
-        await self.inner.aclose()
 
 
 @dataclass(eq=False)
@@ -240,81 +150,18 @@ class ProxySession:
     def commands(self) -> list[Any]:
         return [*self.backend_commands, *CRUCIBLE_COMMANDS]
 
-
-class _Forwarder:
-    """The backend's raw session/update hook. Holds what comes before the editor knows the
-    session (the session/new answer not sent yet), then forwards each update as it comes."""
-
-    def __init__(self, server: AcpAgentServer) -> None:
-        self.server = server
-        self.proxy: ProxySession | None = None
-        self.editor_id: str | None = None
-        self.early: list[dict[str, Any]] = []
-        self.live = False
-        # The backend's peer: its `current_line` is the raw frame of the update being handled.
-        self.backend: JsonRpcPeer | None = None
-        self._old_id = b""
-        self._new_id = b""
-
-    def attach(self, proxy: ProxySession, backend: JsonRpcPeer) -> None:
-        self.proxy, self.editor_id, self.backend = proxy, proxy.id, backend
-        self._old_id = _dumps(proxy.backend_id).encode()
-        self._new_id = _dumps(proxy.id).encode()
-
-    async def __call__(self, params: dict[str, Any]) -> None:
-        if not self.live:
-            # No cap: a backend's native session/load replays the whole history before our answer
-            # (the session layer holds it unbounded too). On session/new the session's own bounded
-            # event buffer, not drained before the session is open, holds the backend back.
-            self.early.append(params)
-            return
-        # Read now, in the backend's read loop: only its notification handler may use it.
-        backend = self.backend
-        line = backend.current_line if backend is not None else None
-        out = self.server._out
-        if line is not None and out is not None:
-            # The flood's path, with no await: the frame as the backend wrote it.
-            update = params.get("update")
-            kind = update.get("sessionUpdate") if type(update) is dict else None
-            if kind not in _SPLICED and not self.server.editor_closed():
-                frame = self.raw_frame(line)
-                if frame is not None:
-                    if not out.put_nowait(frame):
-                        await out.send_frame(frame)
-                    return
-        await self.server.forward_update(self, params)
-
-    def raw_frame(self, line: bytes) -> bytes | None:
-        """The backend's frame with the editor's sessionId put in place of the backend's, or
-        None when that cannot be done safely on the bytes (then the update is re-encoded).
-
-        Safe: the frame starts with the jsonrpc member, and `"sessionId"` occurs once as a
-        token, followed by the backend's id. Inside a JSON string every quote is escaped, so
-        that one occurrence is the params' own key (a nested sessionId key would make two);
-        serialisers do not escape ASCII letters in keys."""
-        if not (line.startswith(b'{"jsonrpc":"2.0"') or line.startswith(b'{"jsonrpc": "2.0"')):
-            return None
-        at = line.find(b'"sessionId"')
-        if at < 0 or line.find(b'"sessionId"', at + 11) >= 0:
-            return None
-        at += 11
-        if line.startswith(b": ", at):
-            at += 2
-        elif line.startswith(b":", at):
-            at += 1
-        else:
-            return None
-        old = self._old_id
-        if not line.startswith(old, at):
-            return None
-        return b"".join((line[:at], self._new_id, line[at + len(old):], b"\n"))
-
-    async def go_live(self) -> None:
-        """Send what was held, in order; later updates go straight through."""
-        while self.early:
-            await self.server.forward_update(self, self.early.pop(0))
-        self.live = True
-        await self.server.announce_commands(self)
+    def splice(self, update: dict[str, Any]) -> dict[str, Any]:
+        """The backend's commands or config options with Crucible's put in (and kept for later)."""
+        kind = update.get("sessionUpdate")
+        if kind == "available_commands_update" and isinstance(update.get("availableCommands"), list):
+            self.backend_commands = [c for c in update["availableCommands"]
+                                     if not (isinstance(c, dict) and c.get("name") in _COMMAND_NAMES)]
+            self.commands_sent = True
+            return {**update, "availableCommands": self.commands()}
+        if kind == "config_option_update" and isinstance(update.get("configOptions"), list):
+            self.backend_options = list(update["configOptions"])
+            return {**update, "configOptions": self.config_options()}
+        return update
 
 
 class EditorServices:
@@ -388,7 +235,9 @@ def _iso(ts: float) -> str:
 
 def _warm_imports() -> None:
     """What the first session/new needs, imported while the editor is still busy."""
+    # Here, in a thread after the initialize answer, not when this module is: that is the point.
     import crucible.chat  # noqa: F401
+    import crucible.events  # noqa: F401
     import crucible.kiln_mcp  # noqa: F401
     import crucible.sessions  # noqa: F401
     import mcp_bridge.server  # noqa: F401
@@ -406,13 +255,13 @@ class AcpAgentServer:
         self._nursery: trio.Nursery | None = None
         self._ask_ids = itertools.count(1)
         self._warm: trio.Event | None = None
-        self._out: CoalescingSendStream | None = None
+        self.out: CoalescingSendStream | None = None  # forwarded updates are queued on it
 
     # -- running ------------------------------------------------------------------------
     async def run(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
         # Forwarded updates skip the peer's per-frame write lock (a checkpoint each): they are
         # queued straight on the same stream, so their order with the peer's frames holds.
-        self._out = send if isinstance(send, CoalescingSendStream) else None
+        self.out = send if isinstance(send, CoalescingSendStream) else None
         peer = JsonRpcPeer(send, receive, name="editor", request_handler=self.on_request,
                            notification_handler=self.on_notification, on_invalid_line=self._on_invalid_line)
         self.peer = peer
@@ -445,7 +294,9 @@ class AcpAgentServer:
             return self._host
 
     async def _run_host(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        from crucible.sessions import BridgeHost
+        from crucible.sessions import (
+            BridgeHost,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         async with BridgeHost().running() as host:
             task_status.started(host)
@@ -534,7 +385,9 @@ class AcpAgentServer:
     # -- sessions -------------------------------------------------------------------------
     def _options(self, params: dict[str, Any], resume: str | None = None,
                  card: str | None = None) -> SessionOptions:
-        from crucible.chat import build_options
+        from crucible.chat import (
+            build_options,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd):
@@ -551,12 +404,13 @@ class AcpAgentServer:
         opts.extra_mcp_servers = list(servers)
         return opts
 
-    async def _open(self, opts: SessionOptions, editor_id: str | None) -> tuple[ProxySession, _Forwarder]:
+    async def _open(self, opts: SessionOptions, editor_id: str | None) -> tuple[ProxySession, UpdateForwarder]:
         """Start a Crucible session for the editor; errors become JSON-RPC errors with the fix."""
-        fwd = _Forwarder(self)
-        fwd.editor_id = editor_id
+        assert self.peer is not None
+        fwd = UpdateForwarder(self.peer, self.out, editor_id)
         opts.on_update = fwd
         opts.asker = lambda ask: self.ask_editor(fwd, ask)
+        opts.elicitor = lambda ask: self.elicit_editor(fwd, ask)
         host = await self._bridge_host()
         assert self._nursery is not None
         try:
@@ -570,8 +424,9 @@ class AcpAgentServer:
             raise _rpc_error(err) from None
         return proxy, fwd
 
-    async def _session_task(self, opts: SessionOptions, host: BridgeHost, fwd: _Forwarder,
+    async def _session_task(self, opts: SessionOptions, host: BridgeHost, fwd: UpdateForwarder,
                             task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # The session stack: after initialize is answered (_warm_imports).
         from crucible.cards import load_cards
         from crucible.sessions import open_session
 
@@ -585,8 +440,7 @@ class AcpAgentServer:
                 proxy.backend_commands = [_dump(c) for c in cs.acp.state.commands]
                 cs.acp.services = EditorServices(  # type: ignore[assignment]
                     cs.acp.services, self.peer, proxy.id, self.editor_methods)
-                assert cs.client is not None
-                fwd.attach(proxy, cs.client.peer)
+                fwd.attach(proxy)
                 # What exists now (modules, the kiln index, the session) lives as long as the
                 # session: the cyclic GC need not scan it again on each full collection, which a
                 # flood of updates triggers (~25 ms each, ~7% of the proxy's CPU in bench/proxy.py).
@@ -610,18 +464,13 @@ class AcpAgentServer:
                 proxy.done.set()
 
     async def _drain_events(self, cs: CrucibleSession) -> None:
-        """Keep the session's typed events flowing into its transcript. They are taken in
-        batches, streamed chunks joined: the editor already has them raw, and a flood must
-        not cost a wake-up and a transcript write per chunk."""
-        acp = cs.acp
-        assert acp is not None
-        while True:
-            try:
-                batch = await acp.receive_batch(4096)
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                return
-            for event in _joined_chunks(batch):
-                cs.record(event)
+        """Keep the session's typed events flowing into its transcript (the editor already has
+        them raw): the one pipeline, with no renderer."""
+        from crucible.events import (
+            Pipeline,  # the session stack: after initialize is answered (_warm_imports)
+        )
+
+        await Pipeline(cs, []).run()
 
     def _new_result(self, proxy: ProxySession) -> dict[str, Any]:
         acp = proxy.cs.acp
@@ -642,7 +491,9 @@ class AcpAgentServer:
         return result
 
     async def load_session(self, params: dict[str, Any], *, replay: bool) -> dict[str, Any]:
-        from crucible.session_store import SessionStore
+        from crucible.session_store import (
+            SessionStore,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         sid = params.get("sessionId")
         if not isinstance(sid, str):
@@ -669,18 +520,21 @@ class AcpAgentServer:
         return self._new_result(proxy)
 
     async def _replay(self, proxy: ProxySession, store: Any, sid: str) -> None:
+        """The saved conversation to the editor, drawn by the renderer for editors."""
+        # The session stack: after initialize is answered (_warm_imports).
+        from crucible.events import saved_events
+        from crucible.renderers import EditorReplay
+
         assert self.peer is not None
-        events = await trio.to_thread.run_sync(lambda: list(store.events(sid)))
-        kinds = {"user_message": "user_message_chunk", "agent_message": "agent_message_chunk",
-                 "agent_thought": "agent_thought_chunk"}
-        for ev in events:
-            kind = kinds.get(ev.get("type", ""))
-            if kind is not None and ev.get("text"):
-                await self.peer.notify("session/update", {"sessionId": proxy.id, "update": {
-                    "sessionUpdate": kind, "content": {"type": "text", "text": str(ev["text"])}}})
+        replay = EditorReplay(proxy.id)
+        replay.render(await trio.to_thread.run_sync(lambda: saved_events(store.events(sid))))
+        for params in replay.updates:
+            await self.peer.notify("session/update", params)
 
     async def list_sessions(self, params: dict[str, Any]) -> dict[str, Any]:
-        from crucible.session_store import SessionStore
+        from crucible.session_store import (
+            SessionStore,  # the session stack: after initialize is answered (_warm_imports)
+        )
 
         cwd = params.get("cwd")
         metas = await trio.to_thread.run_sync(SessionStore().list)
@@ -850,53 +704,9 @@ class AcpAgentServer:
         return result if isinstance(result, dict) else {}
 
     # -- backend -> editor ----------------------------------------------------------------
-    def editor_closed(self) -> bool:
-        return self.peer is None or self.peer.closed.is_set()
-
-    async def forward_update(self, fwd: _Forwarder, params: dict[str, Any]) -> None:
-        """One backend update to the editor, decoded: with the editor's sessionId, and
-        Crucible's card option and commands spliced in (`_Forwarder` sends the raw frame
-        instead when nothing needs changing but the sessionId)."""
-        proxy, peer = fwd.proxy, self.peer
-        if proxy is None or peer is None:
-            return
-        update = params.get("update")
-        kind = update.get("sessionUpdate") if type(update) is dict else None
-        out = {**params, "sessionId": proxy.id}
-        if kind == "available_commands_update" and isinstance(update.get("availableCommands"), list):  # type: ignore[union-attr]
-            proxy.backend_commands = [c for c in update["availableCommands"]  # type: ignore[index]
-                                      if not (isinstance(c, dict) and c.get("name") in _COMMAND_NAMES)]
-            out["update"] = {**update, "availableCommands": proxy.commands()}  # type: ignore[dict-item]
-            proxy.commands_sent = True
-        elif kind == "config_option_update" and isinstance(update.get("configOptions"), list):  # type: ignore[union-attr]
-            proxy.backend_options = list(update["configOptions"])  # type: ignore[index]
-            out["update"] = {**update, "configOptions": proxy.config_options()}  # type: ignore[dict-item]
-        if self._out is not None and not peer.closed.is_set():
-            try:
-                frame = _UPDATE_HEAD + _dumps(out).encode() + b"}\n"
-            except UnicodeEncodeError:  # lone surrogates: the escaped form is still JSON
-                frame = encode(Notification("session/update", out))
-            await self._out.send_frame(frame)
-            return
-        try:
-            await peer.notify("session/update", out)
-        except ConnectionClosed:
-            pass  # the editor is gone; the session is being torn down
-
-    async def announce_commands(self, fwd: _Forwarder) -> None:
-        proxy = fwd.proxy
-        if proxy is None or proxy.commands_sent or self.peer is None:
-            return
-        proxy.commands_sent = True
-        try:
-            await self.peer.notify("session/update", {"sessionId": proxy.id, "update": {
-                "sessionUpdate": "available_commands_update", "availableCommands": proxy.commands()}})
-        except ConnectionClosed:
-            pass
-
-    async def ask_editor(self, fwd: _Forwarder, ask: PermissionAsk) -> Decision:
+    async def ask_editor(self, fwd: UpdateForwarder, ask: PermissionAsk) -> Decision:
         """The editor's person decides what Crucible's policy left to ask."""
-        from acp_host.session import Decision
+        from acp_host.session import Decision  # acp.schema: after initialize is answered
 
         peer = self.peer
         editor_id = fwd.editor_id
@@ -930,35 +740,36 @@ class AcpAgentServer:
         return Decision("cancelled", "cancelled in the editor")
 
 
-def _joined_chunks(events: list[Any]) -> list[Any]:
-    """`events` with each run of message (or thought) chunks of one message joined into one
-    chunk: the transcript stores such a run as one event anyway. The joined chunk keeps the
-    first one's `content` (the transcript only reads the text)."""
-    from acp_host.session import MessageChunk, ThoughtChunk
+    async def elicit_editor(self, fwd: UpdateForwarder, ask: ElicitationAsk) -> ElicitAnswer:
+        """An upstream MCP server's question, asked in the editor (ACP `elicitation/create`)
+        when the editor says it can; declined otherwise."""
+        from crucible.sessions import (
+            ElicitAnswer,  # sessions (and acp.schema) load once initialize is answered
+        )
 
-    out: list[Any] = []
-    run: list[Any] = []
-    for event in events:
-        kind = type(event)
-        if kind is MessageChunk or kind is ThoughtChunk:
-            if run and (type(run[0]) is not kind or run[0].message_id != event.message_id):
-                out.append(_join(run))
-                run = []
-            run.append(event)
-            continue
-        if run:
-            out.append(_join(run))
-            run = []
-        out.append(event)
-    if run:
-        out.append(_join(run))
-    return out
-
-
-def _join(run: list[Any]) -> Any:
-    if len(run) == 1:
-        return run[0]
-    return replace(run[0], text="".join([c.text for c in run]))
+        caps = self.editor_caps.get("elicitation") if isinstance(self.editor_caps, dict) else None
+        mode = "url" if ask.url is not None else "form"
+        if self.peer is None or fwd.editor_id is None or not isinstance(caps, dict) or caps.get(mode) is None:
+            return ElicitAnswer("decline", note=f"the editor cannot answer questions ({mode} elicitation)")
+        params: dict[str, Any] = {"sessionId": fwd.editor_id, "mode": mode,
+                                  "message": f"[{ask.server}] {ask.message}"}
+        if ask.url is not None:
+            params |= {"url": ask.url, "elicitationId": f"crucible-{next(self._ask_ids)}"}
+        else:
+            params["requestedSchema"] = ask.schema or {"type": "object", "properties": {}}
+        try:
+            result = await self.peer.request("elicitation/create", params)
+        except ConnectionClosed:
+            return ElicitAnswer("cancel", note="the editor closed the connection")
+        except JsonRpcError as exc:
+            return ElicitAnswer("decline", note=f"the editor could not ask: {exc.message}")
+        action = result.get("action") if isinstance(result, dict) else None
+        if action == "accept":
+            content = result.get("content")
+            return ElicitAnswer("accept", content if isinstance(content, dict) else {}, note="answered in the editor")
+        if action == "cancel":
+            return ElicitAnswer("cancel", note="cancelled in the editor")
+        return ElicitAnswer("decline", note="declined in the editor")
 
 
 def _dump(value: Any) -> Any:

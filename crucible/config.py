@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from crucible.errors import CrucibleError
 
@@ -68,29 +68,59 @@ class DelegationConfig(BaseModel):
 
 
 class McpTransport(BaseModel):
+    """How to reach an upstream MCP server: a program on stdio, or a URL (streamable HTTP / SSE)."""
+
     model_config = _MODEL_CONFIG
 
     type: Literal["stdio", "http", "sse"]
     command: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = Field(default=None, strict=False)
     url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
 
 
 class McpServerConfig(BaseModel):
+    """One `[[mcp.servers]]` entry: an upstream MCP server behind every session's bridge."""
+
     model_config = _MODEL_CONFIG
 
     name: str
-    prefix: str | None = None
+    prefix: str | None = None  # default "<name>_"
     transport: McpTransport
     allowed_tools: list[str] | None = None
     blocked_tools: list[str] | None = None
+    auto_reconnect: bool = True
+    timeout_secs: float | None = Field(default=None, strict=False)  # None: the dispatcher's 30 s
+    # Values that came from `{env:VAR}` (value -> "{env:VAR}"), plus every header and env value:
+    # redacted wherever the gateway shows or saves text. Filled by the loader, never from the file.
+    _secrets: dict[str, str] = PrivateAttr(default_factory=dict)
+    _where: str = PrivateAttr(default="")  # "FILE: [[mcp.servers]] 'NAME'" for error messages
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        return self._secrets
+
+    @property
+    def where(self) -> str:
+        return self._where or f"[[mcp.servers]] {self.name!r}"
+
+    @property
+    def tool_prefix(self) -> str:
+        return self.prefix if self.prefix is not None else f"{self.name}_"
 
 
 class McpConfig(BaseModel):
     model_config = _MODEL_CONFIG
 
     servers: list[McpServerConfig] = Field(default_factory=list)
+    # Past this many bytes of upstream tool definitions (JSON), the bridge lists discover_tools /
+    # get_tool_schema / invoke_tool instead of every upstream tool. 0: always list them all.
+    schema_budget_bytes: int = 0
+    # How long a session's first tools/list waits for the upstreams to start (the rest arrive
+    # later with notifications/tools/list_changed).
+    startup_wait_secs: float = Field(default=5.0, strict=False)
 
 
 class Config(BaseModel):
@@ -103,7 +133,9 @@ class Config(BaseModel):
     embedder: EmbedderConfig = Field(default_factory=EmbedderConfig)
     permissions: dict[str, Literal["allow", "ask", "deny"]] = Field(default_factory=dict)
     delegation: DelegationConfig = Field(default_factory=DelegationConfig)
-    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # `[plugins] paths = [...]` (more folders to find plugins in) and `[plugins.NAME]` tables
+    # (passed to the plugin's setup(); enabled, grant, memory_mb are Crucible's).
+    plugins: dict[str, Any] = Field(default_factory=dict)
     mcp: McpConfig = Field(default_factory=McpConfig)
     # Where the config was loaded from (None = defaults). Never read from the file itself.
     source: Path | None = Field(default=None, exclude=True, strict=False)
@@ -158,15 +190,17 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str], file: Path) -> Any:
-    """Replace `{env:VAR}` in every string value (keys are left alone)."""
+def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str], file: Path,
+                 owner: str = "") -> Any:
+    """Replace `{env:VAR}` in every string value (keys are left alone). `owner` names what the
+    value belongs to in the error (an MCP server: the key alone is a list index)."""
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
             if name not in env:
                 raise ConfigError(
-                    f"{file}: {_dotted(loc)} refers to the environment variable {name}, "
+                    f"{file}: {owner}{_dotted(loc)} refers to the environment variable {name}, "
                     "which is not set",
                     fix=f"set {name} in the environment, or change {_dotted(loc)} in {file}",
                 )
@@ -174,10 +208,20 @@ def _interpolate(value: Any, loc: tuple[int | str, ...], env: Mapping[str, str],
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: _interpolate(v, (*loc, k), env, file) for k, v in value.items()}
+        return {k: _interpolate(v, (*loc, k), env, file, _server_owner(loc, k, v) or owner)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, (*loc, i), env, file) for i, v in enumerate(value)]
+        return [_interpolate(v, (*loc, i), env, file, _server_owner(loc, i, v) or owner)
+                for i, v in enumerate(value)]
     return value
+
+
+def _server_owner(loc: tuple[int | str, ...], key: int | str, value: Any) -> str:
+    """"[[mcp.servers]] 'NAME' " when `value` is one MCP server entry (named), else ""."""
+    if isinstance(key, int) and loc[-1:] == ("servers",) and isinstance(value, dict):
+        name = value.get("name")
+        return f"[[mcp.servers]] {name!r}: " if isinstance(name, str) else ""
+    return ""
 
 
 def _unwrap_optional(tp: Any) -> Any:
@@ -318,6 +362,10 @@ def parse_config(raw: Mapping[str, Any], file: Path, env: Mapping[str, str] | No
         if not kiln.is_absolute():
             kiln = file.parent / kiln  # relative to the config file, not to wherever cru runs
         config.kiln = kiln
+    _check_plugins(config, file)
+    raw_mcp = raw.get("mcp")
+    _finish_mcp_servers(config.mcp.servers, raw_mcp.get("servers", []) if isinstance(raw_mcp, dict) else [],
+                        file, e)
     return config
 
 
@@ -338,16 +386,141 @@ def _merge_mcps(config: Config, mcps_file: Path, env: Mapping[str, str]) -> None
         extra_cfg = McpConfig.model_validate(data)
     except ValidationError as exc:
         raise _error_from_validation(exc, McpConfig, mcps_file, prefix, raw=section) from None
+    _finish_mcp_servers(extra_cfg.servers, section.get("servers", []) if isinstance(section, dict) else [],
+                        mcps_file, env)
     config.mcp.servers.extend(extra_cfg.servers)
+    defaults = McpConfig()
+    for key in ("schema_budget_bytes", "startup_wait_secs"):
+        if key in section:
+            if getattr(config.mcp, key) != getattr(defaults, key):
+                raise ConfigError(f"{mcps_file}: mcp.{key} is set in config.toml too",
+                                  fix=f"keep mcp.{key} in one of the two files")
+            setattr(config.mcp, key, getattr(extra_cfg, key))
+
+
+# An MCP server's name and prefix: letters, digits, `_` and `-` (agents build tool names from them).
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}_$")
+# A tool-name glob: tool-name characters plus fnmatch's `*`, `?` and `[...]` classes.
+_GLOB = re.compile(r"^(?:[A-Za-z0-9_.\-/*?]|\[!?[A-Za-z0-9_.\-]+\])+$")
+# Prefixes the bridge keeps for its own tools (`lua_` is the Lua plugin tools').
+RESERVED_PREFIXES = ("lua_",)
+
+
+def _env_refs(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return _ENV_REF.findall(value)
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _env_refs(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _env_refs(v)]
+    return []
+
+
+def _finish_mcp_servers(servers: list[McpServerConfig], raw_servers: Any, file: Path,
+                        env: Mapping[str, str]) -> None:
+    """Check what pydantic cannot (transport fields, prefixes, globs) and note each server's
+    secrets. Every error names the file, the server and the field."""
+    raws = raw_servers if isinstance(raw_servers, list) else []
+    for i, server in enumerate(servers):
+        raw = raws[i] if i < len(raws) and isinstance(raws[i], dict) else {}
+        where = f"{file}: [[mcp.servers]] {server.name!r}"
+        server._where = where
+
+        def bad(field: str, problem: str, fix: str, where: str = where) -> ConfigError:
+            return ConfigError(f"{where}: {field}: {problem}", fix=fix)
+
+        if not _SERVER_NAME.match(server.name):
+            raise bad("name", f"{server.name!r} is not a usable name",
+                      "use letters, digits, '_' and '-' (at most 40), starting with a letter or digit")
+        prefix = server.tool_prefix
+        if not _PREFIX.match(prefix):
+            raise bad("prefix", f"{prefix!r} must start with a letter, hold only letters, digits, '_' and '-', "
+                      "and end in '_'", f"e.g. prefix = \"{server.name.replace('-', '_')}_\"")
+        if prefix in RESERVED_PREFIXES:
+            raise bad("prefix", f"{prefix!r} is reserved for Crucible's Lua plugin tools",
+                      "choose another prefix")
+        t = server.transport
+        if t.type == "stdio":
+            if not t.command:
+                raise bad("transport.command", "a stdio server needs the program to run",
+                          'add command = "..." (and args = [...]) under [mcp.servers.transport]')
+            for key in ("url", "headers"):
+                if getattr(t, key):
+                    raise bad(f"transport.{key}", "only for type = \"http\" or \"sse\"",
+                              f"remove {key}, or set type = \"http\"")
+        else:
+            if not t.url:
+                raise bad("transport.url", f"a {t.type} server needs its URL", 'add url = "http://..."')
+            if not re.match(r"^https?://[^/\s]+", t.url):
+                shown = t.url if not _env_refs(raw.get("transport", {}).get("url")) else "(from the environment)"
+                raise bad("transport.url", f"{shown} is not an http:// or https:// URL", "fix the URL")
+            for key in ("command", "args", "env", "cwd"):
+                if getattr(t, key):
+                    raise bad(f"transport.{key}", "only for type = \"stdio\"",
+                              f"remove {key}, or set type = \"stdio\"")
+        for key in ("allowed_tools", "blocked_tools"):
+            for pattern in getattr(server, key) or []:
+                if not _GLOB.match(pattern):
+                    raise bad(key, f"{pattern!r} is not a tool-name glob",
+                              "use tool-name characters with * ? and [abc] (e.g. \"get_*\")")
+        if server.timeout_secs is not None and not 0 < server.timeout_secs <= 3600:
+            raise bad("timeout_secs", f"{server.timeout_secs:g} is out of range", "use 1 to 3600 seconds")
+        secrets: dict[str, str] = {}
+        for name in _env_refs(raw):
+            value = env.get(name, "")
+            if len(value) >= 4:  # shorter values would redact ordinary text
+                secrets[value] = f"{{env:{name}}}"
+        for key, value in (*t.env.items(), *t.headers.items()):
+            if len(value) >= 4 and value not in secrets:
+                secrets[value] = f"<{key}>"
+            # `Authorization: Bearer TOKEN`: the token alone must go too.
+            token = value.split(None, 1)[-1]
+            if len(token) >= 8 and token not in secrets:
+                secrets[token] = f"<{key}>"
+        server._secrets = secrets
+
+
+PLUGIN_GRANTS = ("io", "os", "require")
+
+
+def _check_plugins(config: Config, file: Path) -> None:
+    """`[plugins]`: `paths` is a list of folders; every other key is one plugin's table."""
+    for key, value in config.plugins.items():
+        if key == "paths":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{file}: plugins.paths: expected a list of folder paths",
+                                  fix='e.g. paths = ["~/notes/.crucible/plugins"]')
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{file}: plugins.{key}: expected a table [plugins.{key}] (its settings), "
+                              f"got {type(value).__name__}", fix=f"make it a [plugins.{key}] table")
+        enabled = value.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"{file}: plugins.{key}.enabled: expected true or false", fix=f"edit {file}")
+        grant = value.get("grant", [])
+        if not isinstance(grant, list) or any(g not in PLUGIN_GRANTS for g in grant):
+            raise ConfigError(f"{file}: plugins.{key}.grant: expected a list of {', '.join(PLUGIN_GRANTS)}",
+                              fix=f'e.g. grant = ["io"] (each lifts part of the sandbox for {key} alone)')
+        memory = value.get("memory_mb", 64)
+        if not isinstance(memory, int) or isinstance(memory, bool) or not 1 <= memory <= 4096:
+            raise ConfigError(f"{file}: plugins.{key}.memory_mb: expected an integer from 1 to 4096",
+                              fix=f"edit {file}")
 
 
 def _check_mcp_names(config: Config, files: str) -> None:
-    seen: set[str] = set()
+    seen: dict[str, McpServerConfig] = {}
+    prefixes: dict[str, McpServerConfig] = {}
     for server in config.mcp.servers:
         if server.name in seen:
             raise ConfigError(f"{files}: two MCP servers are named {server.name!r}",
                               fix="give each [[mcp.servers]] entry a unique name")
-        seen.add(server.name)
+        seen[server.name] = server
+        other = prefixes.get(server.tool_prefix)
+        if other is not None:
+            raise ConfigError(f"{server.where}: prefix: {server.tool_prefix!r} is already the prefix of "
+                              f"server {other.name!r}", fix="give each server its own prefix")
+        prefixes[server.tool_prefix] = server
 
 
 def load_config(explicit: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:

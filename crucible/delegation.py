@@ -22,41 +22,38 @@ policy is `parent.policy.child(card rules)`, so it can never widen what the pare
 ("claude › reviewer").
 
 Events: every child event reaches the parent session's `on_child_event` hook as a
-`ChildEvent` (grandchildren bubble up the same way); `child_event_printer` shows them as
-`[child claude › reviewer] ...` lines for `cru chat -p`.
+`ChildEvent` (crucible/events.py; grandchildren bubble up the same way);
+`crucible.renderers.child_event_printer` shows them as `[child claude › reviewer] ...` lines
+for `cru chat -p`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from pydantic import BaseModel, ConfigDict, Field
 
-from acp_host.session import (
-    MessageChunk,
-    PermissionResolved,
-    SessionError,
-    ToolCallEvent,
-    TurnEnded,
-)
+from acp_host.registry import AgentRegistryError, known_names, resolve_agent
+from acp_host.session import MessageChunk
+from crucible.cards import load_cards
 from crucible.errors import CrucibleError
+from crucible.events import ChildEvent, ChildStatus, Notice, Pipeline, Renderer
+from crucible.kiln.paths import resolve_in_kiln
 from mcp_bridge.tools import ToolContext, ToolError, ToolSpec
 
 if TYPE_CHECKING:
     from acp_host.registry import AgentSpec
-    from acp_host.session import Event
     from crucible.cards import Card
-    from crucible.sessions import BridgeHost, CrucibleSession
+    from crucible.sessions import BridgeHost, CrucibleSession, OpenSession
 
 # The tool's own timeout is the child's plus this margin, so the child's timeout answers first.
 TOOL_MARGIN_SECS = 30.0
@@ -72,31 +69,6 @@ JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "ti
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "timed_out"})
 
 DELEGATION_TOOLS = ("delegate_session", "list_jobs", "get_job_result", "cancel_job")
-
-
-# -- events for the host (TUI, -p) -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChildStatus:
-    """A child's life, as the parent sees it (not an ACP event)."""
-
-    status: Literal["queued", "started", "finished", "notice"]
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ChildEvent:
-    """One event of a delegated child (or grandchild), for the parent's `on_child_event`."""
-
-    label: str  # the provenance chain, e.g. "claude › reviewer"
-    job_id: str
-    session_id: str | None  # the child's Crucible session id (None while it is queued)
-    depth: int  # 1 for a child, 2 for a grandchild
-    event: Event | ChildStatus
-
-
-ChildEventHook = Callable[[ChildEvent], None]
 
 
 # -- the tools' arguments and results --------------------------------------------------------
@@ -235,17 +207,15 @@ def handoff_text(parent_label: str, handoff: Handoff | None, prompt: str) -> str
 
 # -- the per-session delegation state --------------------------------------------------------
 
-# Live delegations by Crucible session id: a child finds its parent's (for depth and events).
-_LIVE: dict[str, Delegation] = {}
-
-
 class Delegation:
     """A session's children and the limits on them. Created by `attach`."""
 
-    def __init__(self, session: CrucibleSession, host: BridgeHost, parent: Delegation | None) -> None:
+    def __init__(self, session: CrucibleSession, host: BridgeHost, parent: Delegation | None,
+                 open_child: OpenSession | None = None) -> None:
         self.session = session
         self.host = host
         self.parent = parent
+        self.open_child = open_child  # `crucible.sessions.open_session`, handed in: it attaches us
         opts = session.opts
         self.config = opts.config.delegation
         card = opts.card
@@ -264,11 +234,13 @@ class Delegation:
 
     # -- wiring --------------------------------------------------------------------------
     @classmethod
-    def attach(cls, session: CrucibleSession, host: BridgeHost) -> Delegation:
+    def attach(cls, session: CrucibleSession, host: BridgeHost, *, open_child: OpenSession,
+               parent: Delegation | None = None) -> Delegation:
         """For `open_session`, before the agent lists its tools: the tools on the session's
-        bridge (when delegation is enabled for it). Then `async with d.running():`."""
-        parent = _LIVE.get(session.opts.parent_id) if session.opts.parent_id else None
-        self = cls(session, host, parent)
+        bridge (when delegation is enabled for it). Then `async with d.running():`.
+        `open_child` opens a child session (`open_session`); `parent` is the delegation of the
+        session that started this one, if any."""
+        self = cls(session, host, parent, open_child)
         session.delegation = self
         if self.enabled and session.bridge is not None:
             for spec in self.tool_specs():
@@ -278,7 +250,6 @@ class Delegation:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Delegation]:
         """A nursery for the children; on exit every child is cancelled and its process stopped."""
-        _LIVE[self.session.id] = self
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -289,7 +260,6 @@ class Delegation:
                     nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
-            _LIVE.pop(self.session.id, None)
 
     def tool_specs(self) -> list[ToolSpec]:
         long = float(self.config.timeout_secs) + TOOL_MARGIN_SECS
@@ -337,9 +307,6 @@ class Delegation:
 
     # -- starting a child ----------------------------------------------------------------
     async def resolve_target(self, target: str) -> tuple[AgentSpec, Card | None]:
-        from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-        from crucible.cards import load_cards
-
         opts = self.session.opts
         try:
             cards = await trio.to_thread.run_sync(load_cards, opts.kiln, opts.cwd)
@@ -391,8 +358,6 @@ class Delegation:
     async def check_notes(self, handoff: Handoff | None) -> None:
         if handoff is None:
             return
-        from crucible.kiln.paths import resolve_in_kiln
-
         kiln = self.session.opts.kiln
         for note in handoff.notes:
             try:
@@ -461,41 +426,15 @@ class Delegation:
         job.settled.set()
 
     async def _run_child(self, job: Job, spec: AgentSpec, card: Card | None, text: str) -> None:
-        from crucible.sessions import SessionOptions, open_session
-
-        p = self.session.opts
-        opts = SessionOptions(
-            agent=spec, kiln=p.kiln, cwd=p.cwd, config=p.config, card=card, asker=p.asker, store=p.store,
-            inactivity_timeout=p.inactivity_timeout, init_timeout=p.init_timeout,
-            parent_policy=self.session.policy, parent_id=self.session.id,
-        )
+        assert self.open_child is not None, "attach() hands the delegation its session opener"
+        opts = self.session.opts.for_child(spec, card, self.session.policy, self.session.id)
         depth = self.depth + 1
-        async with open_session(opts, self.host) as child:
+        async with self.open_child(opts, self.host, parent=self) as child:
             job.child_id = child.id
-            child.on_child_event = self.emit  # grandchildren bubble up with their own label
-
-            def notice(message: str) -> None:
-                self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("notice", message)))
-
-            child.on_notice = notice
-            self.emit(ChildEvent(job.label, job.id, child.id, depth, ChildStatus("started", spec.name)))
-            drained = trio.Event()
-
-            async def pump() -> None:
-                async for event in child.events():
-                    if isinstance(event, MessageChunk):
-                        job.parts.append(event.text)
-                    self.emit(ChildEvent(job.label, job.id, child.id, depth, event))
-                    if isinstance(event, TurnEnded):
-                        break
-                drained.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(pump)
-                ended = await child.prompt(text)
-                with trio.move_on_after(5):
-                    await drained.wait()
-                nursery.cancel_scope.cancel()
+            pipeline = Pipeline(child, [JobView(self, job, child.id, depth)])
+            self.emit(ChildEvent(job.label, job.id, child.id, depth,
+                                 ChildStatus("started", spec.name, terminal_output=child.terminal_output)))
+            ended = await pipeline.turn(text)
             # Settled before the child's teardown (an agent can take seconds to exit): the
             # parent reads the reply now; the slot is held until the process is gone.
             if ended.error:
@@ -519,6 +458,31 @@ class Delegation:
             known = ", ".join(self.jobs) or "none"
             raise ToolError(f"no delegated job {job_id!r} in this session (jobs: {known})")
         return job
+
+
+class JobView(Renderer):
+    """A child session's events as its parent sees them: the child's reply gathered in its job,
+    each event (its notices too) passed up labelled with the job; a grandchild's events pass up
+    with their own label."""
+
+    def __init__(self, delegation: Delegation, job: Job, child_id: str, depth: int) -> None:
+        self.delegation = delegation
+        self.job = job
+        self.child_id = child_id
+        self.depth = depth
+
+    def render(self, events: Sequence[Any]) -> None:
+        job, emit = self.job, self.delegation.emit
+        for event in events:
+            kind = type(event)
+            if kind is ChildEvent:
+                emit(event)
+                continue
+            if kind is MessageChunk:
+                job.parts.append(event.text)
+            elif kind is Notice:
+                event = ChildStatus("notice", event.text)
+            emit(ChildEvent(job.label, job.id, self.child_id, self.depth, event))
 
 
 DELEGATE_DESCRIPTION = (
@@ -599,67 +563,3 @@ async def _cancel_job_tool(ctx: ToolContext, args: JobArgs) -> JobInfo:
     with trio.move_on_after(TEARDOWN_SECS):
         await job.done.wait()
     return job.info()
-
-
-# -- showing child events in `cru chat -p` ---------------------------------------------------
-
-
-def live_session(session_id: str | None) -> CrucibleSession | None:
-    """A running session by its Crucible id (the TUI reads a child's terminal output from it)."""
-    delegation = _LIVE.get(session_id) if session_id else None
-    return delegation.session if delegation is not None else None
-
-
-def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
-    """`[child claude › reviewer] ...` lines on `err` (text), or one JSON object per child event
-    on `out` (`--format json`: {"type": "child_event", "label", "job", "session", "depth", "event"})."""
-    from crucible.chat import event_json
-    from crucible.terminal import sanitize
-
-    pending: dict[str, str] = {}  # job -> message text not yet ended by a newline
-
-    def line(label: str, text: str) -> None:
-        err.write(sanitize(f"[child {label}] {text}") + "\n")
-        err.flush()
-
-    def flush(ev: ChildEvent) -> None:
-        rest = pending.pop(ev.job_id, "")
-        if rest.strip():
-            line(ev.label, rest)
-
-    def show(ev: ChildEvent) -> None:
-        e = ev.event
-        if fmt == "json":
-            payload = ({"type": "child_status", "status": e.status, "detail": e.detail}
-                       if isinstance(e, ChildStatus) else event_json(e))
-            out.write(json.dumps({"type": "child_event", "label": ev.label, "job": ev.job_id,
-                                  "session": ev.session_id, "depth": ev.depth, "event": payload},
-                                 ensure_ascii=False) + "\n")
-            out.flush()
-            return
-        if isinstance(e, MessageChunk):
-            text = pending.get(ev.job_id, "") + e.text
-            *done, rest = text.split("\n")
-            for part in done:
-                line(ev.label, part)
-            pending[ev.job_id] = rest
-        elif isinstance(e, ToolCallEvent):
-            c = e.call
-            if e.created or c.status in ("completed", "failed"):
-                line(ev.label, f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {c.status or 'pending'}")
-        elif isinstance(e, PermissionResolved):
-            decision = e.decision.kind if e.decision else e.outcome.get("outcome", "")
-            reason = e.decision.reason if e.decision else e.note
-            line(ev.label, f"[permission] {e.request.tool_call.title or e.request.tool_call.tool_call_id}: "
-                           f"{decision} ({reason})")
-        elif isinstance(e, SessionError):
-            line(ev.label, f"[error] {e.message}")
-        elif isinstance(e, TurnEnded):
-            flush(ev)
-        elif isinstance(e, ChildStatus):
-            if e.status == "finished":
-                flush(ev)
-            if e.status != "queued":
-                line(ev.label, f"{e.status}" + (f": {e.detail}" if e.detail else ""))
-
-    return show

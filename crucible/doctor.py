@@ -32,6 +32,9 @@ class AgentReport:
     logged_in: bool | None = None  # None: cannot tell from here
     problem: str | None = None
     fix: str | None = None
+    # What running the command would download first (an npx/uvx command): such an agent is
+    # never started by `cru agents` / `cru doctor`, which inspect and never install.
+    would_fetch: str | None = None
 
 
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
@@ -58,12 +61,19 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
     """Start the agent, send initialize, and stop it: does it speak ACP?"""
     from acp_host.client import connect_agent
     from acp_host.process import AgentStartError
-    from acp_host.registry import auth_hint, install_hint
+    from acp_host.registry import BUILTINS, auth_hint, fetch_on_run, install_hint
 
     report = AgentReport(spec.name, spec.found, spec.display(), spec.source)
     if not spec.found:
         report.problem = "not installed (not on PATH)"
         report.fix = install_hint(spec.name)
+        return report
+    if (fetch := fetch_on_run(spec.argv)) is not None:
+        report.would_fetch = fetch
+        report.problem = (f"`{spec.display()}` would first download the {fetch} and its "
+                          "dependencies (often hundreds of MB), so it was not started")
+        run_once = f"run `{spec.display()}` once yourself to download it"
+        report.fix = f"{install_hint(spec.name)} (or {run_once})" if spec.name in BUILTINS else run_once
         return report
     async with trio.open_nursery() as nursery:
         try:
@@ -91,11 +101,11 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
     return report
 
 
-def _specs(args: argparse.Namespace) -> list[Any]:
+def _specs(args: argparse.Namespace, *, defaults: bool = False) -> list[Any]:
     from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-    from crucible.config import load_config
+    from crucible.config import Config, load_config
 
-    config = load_config(getattr(args, "config", None))
+    config = Config() if defaults else load_config(getattr(args, "config", None))
     specs = []
     for name in known_names(config.agents):
         try:
@@ -121,6 +131,8 @@ def _print_agents(reports: list[AgentReport]) -> None:
     for r in reports:
         if not r.found:
             state = "missing"
+        elif r.would_fetch:
+            state = "not run"
         elif r.speaks_acp:
             state = "ok"
         else:
@@ -133,6 +145,10 @@ def _print_agents(reports: list[AgentReport]) -> None:
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
+    if getattr(args, "registry", None):  # the ACP registry's agents, not the ones configured here
+        from crucible.agent_install import cmd_agents_registry
+
+        return cmd_agents_registry(args)
     reports = trio.run(_probe_all, _specs(args))
     _print_agents(reports)
     return 0
@@ -200,9 +216,58 @@ def _checks(args: argparse.Namespace) -> list[Check]:
     return checks
 
 
+def _mcp_checks(args: argparse.Namespace) -> list[Check]:
+    """Each upstream MCP server of the config, started: up with its tools, or why not."""
+    from crucible.config import load_config
+    from crucible.mcp_gateway import probe
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError:
+        return []  # the config check already says what is wrong
+    if not config.mcp.servers:
+        return []
+    checks = []
+    for status in trio.run(probe, config):
+        what = f"mcp {status.name}"
+        if status.state == "up":
+            checks.append(Check(what, True, f"{status.tools} tools as {status.prefix}* ({status.target})"))
+            continue
+        tail = f"; stderr: {' | '.join(status.stderr_tail[-3:])}" if status.stderr_tail else ""
+        fix = (f"run `{status.target}` by hand to see why"
+               if status.transport == "stdio" else f"check that the server at {status.target} is running")
+        checks.append(Check(what, False, f"{status.state}: {status.last_error or 'no answer'}{tail}", fix))
+    return checks
+
+
+def _plugin_checks(args: argparse.Namespace) -> list[Check]:
+    """Each Lua plugin: loaded with its tools, or why it failed."""
+    from crucible.config import load_config
+    from crucible.plugins.host import load_all
+
+    try:
+        config = load_config(getattr(args, "config", None))
+    except CrucibleError:
+        return []
+    checks = []
+    for p in load_all(config).plugins:
+        if p.state == "loaded":
+            checks.append(Check(f"plugin {p.name}", True, f"{len(p.tools)} tools ({p.source})"))
+        elif p.state == "failed":
+            checks.append(Check(f"plugin {p.name}", False, p.reason or "failed",
+                                f"fix {p.shown_path()}, or turn it off: [plugins.{p.name}] enabled = false"))
+    return checks
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     checks = _checks(args)
-    reports = trio.run(_probe_all, _specs(args))
+    checks += _mcp_checks(args)
+    checks += _plugin_checks(args)
+    try:
+        specs = _specs(args)
+    except CrucibleError:  # a broken config is reported above; the built-in agents are still probed
+        specs = _specs(args, defaults=True)
+    reports = trio.run(_probe_all, specs)
     if getattr(args, "json", False):
         print(json.dumps({"checks": [asdict(c) for c in checks], "agents": [asdict(r) for r in reports]}, indent=2))
     else:

@@ -1,8 +1,8 @@
 """`cru mcp`: the kiln tools over MCP, and the `KilnBackend` that implements them with
 `crucible.kiln`.
 
-Startup stays light so `initialize` and `tools/list` answer at once: the note parser, the
-index (Chroma, the embedder) and the search modules are imported on first use only.
+Startup stays light so `initialize` and `tools/list` answer at once: the index (Chroma, the
+embedder), the fused search and the watcher are imported on first use only.
 """
 
 from __future__ import annotations
@@ -15,10 +15,27 @@ import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+import trio
+
+from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
-from crucible.kiln.paths import KilnNotFoundError, iter_markdown, kiln_sizes, resolve_in_kiln
+from crucible.kiln import filesearch
+from crucible.kiln.atomic import ConcurrentEditError, atomic_write_text, file_hash
+from crucible.kiln.builder import BackgroundIndex, IndexState, StateFn
+from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
+from crucible.kiln.paths import (
+    KilnNotFoundError,
+    iter_markdown,
+    kiln_sizes,
+    resolve_in_kiln,
+    to_rel,
+)
+from crucible.mcp_gateway import build_gateway
+from crucible.permissions import PermissionPolicy, ToolKey
+from crucible.plugins.host import load_all
+from mcp_bridge.gateway import file_root
 from mcp_bridge.kiln_api import (
     ChangeFn,
     EditConflictError,
@@ -35,10 +52,15 @@ from mcp_bridge.kiln_api import (
     SearchHit,
     WriteOutcome,
 )
-
-if TYPE_CHECKING:
-    from crucible.config import Config
-    from crucible.kiln.builder import BackgroundIndex, IndexState, StateFn
+from mcp_bridge.server import (
+    BridgeHTTP,
+    BridgeServer,
+    RelayError,
+    new_token,
+    relay_stdio,
+    serving_http,
+)
+from mcp_bridge.tools import log_to_stderr
 
 T = TypeVar("T")
 
@@ -87,7 +109,6 @@ class CrucibleKilnBackend:
 
     def _call(self, path: str, func: Callable[[], T]) -> T:
         """Run `func`, turning crucible's errors into the protocol's (kiln-relative) ones."""
-        from crucible.kiln.atomic import ConcurrentEditError
 
         try:
             return func()
@@ -108,8 +129,6 @@ class CrucibleKilnBackend:
     # --- notes ----------------------------------------------------------------------------
 
     def _note_data(self, path: str) -> NoteData:
-        from crucible.kiln.notes import read_note
-
         note = read_note(self.root, path)
         st = resolve_in_kiln(self.root, path, must_exist=True).stat()
         return NoteData(
@@ -130,8 +149,6 @@ class CrucibleKilnBackend:
         return self._call(path, lambda: self._note_data(path))
 
     def _written(self, target: Path, digest: str | None, *, replaced: bool = False) -> WriteOutcome:
-        from crucible.kiln.paths import to_rel
-
         size = target.stat().st_size if target.exists() else 0
         return WriteOutcome(path=to_rel(self.root, target), content_hash=digest, size_bytes=size, replaced=replaced)
 
@@ -139,9 +156,6 @@ class CrucibleKilnBackend:
         self, path: str, body: str, frontmatter: dict[str, Any] | None, *, overwrite: bool
     ) -> WriteOutcome:
         def create() -> WriteOutcome:
-            from crucible.kiln.atomic import atomic_write_text
-            from crucible.kiln.notes import merge_frontmatter
-
             target = resolve_in_kiln(self.root, path, for_write=True)
             existed = target.exists()
             if existed and not overwrite:
@@ -165,9 +179,6 @@ class CrucibleKilnBackend:
         expected_hash: str | None,
     ) -> WriteOutcome:
         def update() -> WriteOutcome:
-            from crucible.kiln.atomic import atomic_write_text
-            from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
-
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
             note = read_note(self.root, path)
             if expected_hash is not None and expected_hash != note.content_hash:
@@ -187,9 +198,6 @@ class CrucibleKilnBackend:
 
     def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome:
         def delete() -> WriteOutcome:
-            from crucible.kiln.atomic import file_hash
-            from crucible.kiln.paths import to_rel
-
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
             if expected_hash is not None and file_hash(target) != expected_hash:
                 raise EditConflictError(
@@ -227,9 +235,6 @@ class CrucibleKilnBackend:
     def _indexer(self) -> BackgroundIndex:
         with self._index_lock:
             if self._background is None:
-                from crucible.config import Config
-                from crucible.kiln.builder import BackgroundIndex
-
                 self._background = BackgroundIndex(self.root, self.config or Config())
             return self._background
 
@@ -271,6 +276,7 @@ class CrucibleKilnBackend:
         return hits
 
     def semantic_search(self, query: str, limit: int) -> RankedResults:
+        # chromadb and the embedder (~1.4 s): loaded by the first search, not at start
         from crucible.kiln import search
 
         def ranked() -> RankedResults:
@@ -289,8 +295,6 @@ class CrucibleKilnBackend:
         return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
-        from crucible.kiln import filesearch
-
         return self._call(
             query, lambda: self._redacted(filesearch.text_search(self.root, query, limit, regex, case_sensitive))
         )
@@ -298,8 +302,6 @@ class CrucibleKilnBackend:
     def property_search(
         self, query: str | None, *, key: str | None, value: str | None, tag: str | None, limit: int
     ) -> list[SearchHit]:
-        from crucible.kiln import filesearch
-
         return self._call(
             query or "",
             lambda: self._redacted(
@@ -318,8 +320,6 @@ class CrucibleKilnBackend:
         return [KilnRoot(uri="kiln://notes/", name=self.name)]
 
     def kiln_stats(self) -> KilnStats:
-        from crucible.kiln.notes import read_note
-
         sizes = kiln_sizes(self.root)
         tags: set[str] = set()
         links = 0
@@ -368,8 +368,8 @@ class CrucibleKilnBackend:
     async def watch_changes(self, on_change: ChangeFn, on_armed: Callable[[], None] | None = None) -> None:
         """Changed notes, as the kiln's one watcher sees them; the index (once open) is
         updated before `on_change` hears of them."""
-        import trio
 
+        # watchfiles (~0.15 s): only a session that watches the kiln needs it
         from crucible.kiln.watcher import watch_kiln
 
         async with trio.open_nursery() as nursery:
@@ -381,23 +381,33 @@ class CrucibleKilnBackend:
 # --- the command ----------------------------------------------------------------------------
 
 
-def build_bridge(root: Path, config: Config | None = None) -> Any:
-    from mcp_bridge.server import BridgeServer
+def build_bridge(root: Path, config: Config | None = None, gateway: Any = None, plugins: Any = None) -> Any:
+    """`cru mcp`'s bridge: the kiln tools, the Lua plugins' tools, the upstreams of `gateway`. The config's
+    `[permissions]` deny rules hide tools here too; `ask` is left to the MCP client, which asks
+    its own person."""
 
-    return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS)
+    policy = None
+    if config is not None and config.permissions:
+        rules = PermissionPolicy(config_rules=dict(config.permissions))
+
+        def policy(name: str) -> Any:
+            return "deny" if rules.decide(ToolKey(name, bridge=True, read_only=True)).rule == "deny" else "allow"
+
+    return BridgeServer(CrucibleKilnBackend(root, config), name="crucible", instructions=INSTRUCTIONS,
+                        policy=policy, gateway=gateway, roots=[file_root(str(root))],
+                        tool_sources=[plugins] if plugins is not None else [])
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     """`cru mcp [--kiln DIR] [--http | --sse] [--port N]`."""
-    import trio
 
-    from crucible.config import load_config, resolve_kiln
-    from mcp_bridge.tools import log_to_stderr
+    if getattr(args, "print_config", None):  # a client's config snippet, not a server
+        # only --print-config writes a client's snippet
+        from crucible.mcp_clients import print_config
 
+        return print_config(args)
     log_to_stderr()
     if getattr(args, "connect", None):
-        from mcp_bridge.server import RelayError, relay_stdio
-
         token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
         try:
             trio.run(relay_stdio, args.connect, token)
@@ -406,25 +416,30 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return 0
     config = load_config(getattr(args, "config", None))
     root = resolve_kiln(args.kiln, config)
-    bridge = build_bridge(root, config)
-    # The index opens and builds in the background from the start: the first search answers
-    # at once (by words), not after a build.
-    bridge.backend.start_indexing()
-    try:
-        if args.http or args.sse:
-            trio.run(_serve_http, bridge, args.port, "sse" if args.sse else "http")
-        else:
-            trio.run(bridge.serve_stdio)
-    finally:
-        bridge.backend.close()
+    trio.run(_serve, root, config, args)
     return 0
 
 
+async def _serve(root: Path, config: Config, args: argparse.Namespace) -> None:
+    gateway = build_gateway(config)
+    plugins = await trio.to_thread.run_sync(load_all, config)
+    for failed in plugins.failed():
+        print(f"cru mcp: plugin {failed.name} not loaded: {failed.reason}", file=sys.stderr)
+    async with gateway.running():
+        bridge = build_bridge(root, config, gateway, plugins)
+        # The index opens and builds in the background from the start: the first search answers
+        # at once (by words), not after a build.
+        bridge.backend.start_indexing()
+        try:
+            if args.http or args.sse:
+                await _serve_http(bridge, args.port, "sse" if args.sse else "http")
+            else:
+                await bridge.serve_stdio()
+        finally:
+            bridge.backend.close()  # bounded (~2 s): stops the build, what was embedded stays
+
+
 async def _serve_http(bridge: Any, port: int, transport: str) -> None:
-    import trio
-
-    from mcp_bridge.server import BridgeHTTP, new_token, serving_http
-
     token = os.environ.get(TOKEN_ENV) or new_token()
     async with BridgeHTTP() as app:
         await app.mount(bridge, token=token)

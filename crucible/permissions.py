@@ -37,8 +37,10 @@ READ_ONLY_KINDS = frozenset({"read", "search", "think"})
 
 # How each agent names an MCP tool: claude `mcp__crucible__x`, gemini `mcp_crucible_x`
 # (toolCallId `mcp_crucible_x__<id>`), opencode `crucible_x`.
+# Tool names: the kiln's (`read_note`) and the gateway's upstream tools, prefixed
+# (`everything_get-sum`, `gh_searchIssues`): MCP's name characters.
 _BRIDGE_TOOL_RE = re.compile(
-    rf"^(?:mcp__{BRIDGE_SERVER}__|mcp_{BRIDGE_SERVER}_|{BRIDGE_SERVER}_)(?P<tool>[a-z][a-z0-9_]*?)(?:__.*)?$"
+    rf"^(?:mcp__{BRIDGE_SERVER}__|mcp_{BRIDGE_SERVER}_|{BRIDGE_SERVER}_)(?P<tool>[A-Za-z][A-Za-z0-9_.-]*?)(?:__.*)?$"
 )
 
 

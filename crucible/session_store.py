@@ -10,17 +10,16 @@ event being written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from crucible.config import data_dir
 from crucible.errors import CrucibleError
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
@@ -45,8 +44,6 @@ class SessionMeta:
 
 
 def sessions_root(env: Mapping[str, str] | None = None) -> Path:
-    from crucible.config import data_dir
-
     return data_dir(env) / "sessions"
 
 
@@ -222,36 +219,3 @@ class SessionStore:
         text = "\n\n".join(lines)
         return text[-max_chars:]
 
-
-def cmd_list(args: argparse.Namespace) -> int:
-    metas = SessionStore().list()
-    if not metas:
-        print("no saved sessions yet", file=sys.stderr)
-        return 0
-    for m in metas:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.updated))
-        card = f" card={m.card}" if m.card else ""
-        print(f"{m.id}  {when}  {m.agent}{card}  turns={m.turns}  {m.title}")
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    print(SessionStore().transcript(args.id))
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    store = SessionStore()
-    meta = store.meta(args.id)
-    print(json.dumps({"session": asdict(meta), "events": list(store.events(meta.id))}, ensure_ascii=False))
-    return 0
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from crucible.chat import cmd_chat
-
-    meta = SessionStore().meta(args.id)
-    ns = argparse.Namespace(**{**vars(args), "resume": meta.id, "agent": None, "agent_command": None,
-                               "kiln": meta.kiln or None, "card": meta.card, "cwd": meta.cwd, "prompt": None,
-                               "format": "text", "approve_all": False, "deny_all": False, "record": None})
-    return cmd_chat(ns)

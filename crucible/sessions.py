@@ -15,18 +15,22 @@ most once per call (OpenCode never asks over ACP: then the bridge asks).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from acp_host.registry import AgentSpec
+from acp_host.jsonrpc import JsonRpcError
+from acp_host.process import AgentProcess, AgentStartError
+from acp_host.registry import AgentSpec, auth_hint, install_hint
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     READ_ONLY_BRIDGE_TOOLS,
@@ -41,12 +45,24 @@ if TYPE_CHECKING:
     # acp_host.session pulls in acp.schema (~1 s): imported where needed, after the agent is
     # spawned, so the agent boots while we import (see `spawn_agent`).
     from acp_host.client import AcpClient
-    from acp_host.process import AgentProcess
-    from acp_host.session import AcpSession, Decision, Event, PermissionRequest, TurnEnded
+    from acp_host.session import (
+        AcpSession,
+        Decision,
+        DecisionKind,
+        Event,
+        PermissionRequest,
+        TurnEnded,
+    )
     from crucible.cards import Card
     from crucible.config import Config
-    from crucible.delegation import ChildEventHook, Delegation
+    from crucible.delegation import Delegation
+    from crucible.events import ChildEventHook
+    from crucible.plugins.host import PluginHost
+    from mcp_bridge.gateway import Gateway
     from mcp_bridge.server import BridgeHTTP, BridgeServer
+
+# `open_session`'s shape, for the delegation that opens child sessions with it.
+OpenSession = Callable[..., AbstractAsyncContextManager["CrucibleSession"]]
 
 TOKEN_ENV = "CRUCIBLE_BRIDGE_TOKEN"
 # How long after session/new we still wait for the agent's first tools/list on the bridge.
@@ -69,28 +85,69 @@ class PermissionAsk:
 Asker = Callable[[PermissionAsk], Awaitable["Decision"]]
 
 
-async def deny_asker(ask: PermissionAsk) -> Decision:
+def decision_of(kind: DecisionKind, reason: str) -> Decision:
+    # acp_host.session loads acp.schema (~0.5 s): not before the agent is spawned.
     from acp_host.session import Decision
 
-    return Decision("reject_once", "nobody to ask (no --approve-all)")
+    return Decision(kind, reason)
+
+
+async def deny_asker(ask: PermissionAsk) -> Decision:
+    return decision_of("reject_once", "nobody to ask (no --approve-all)")
 
 
 def approve_all_asker(reason: str = "--approve-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
-        from acp_host.session import Decision
-
-        return Decision("allow_once", reason)
+        return decision_of("allow_once", reason)
 
     return asker
 
 
 def deny_all_asker(reason: str = "--deny-all") -> Asker:
     async def asker(ask: PermissionAsk) -> Decision:
-        from acp_host.session import Decision
-
-        return Decision("reject_once", reason)
+        return decision_of("reject_once", reason)
 
     return asker
+
+
+@dataclass(frozen=True)
+class ElicitationAsk:
+    """An upstream MCP server asks the person something during a tool call (elicitation/create)."""
+
+    label: str  # the session's provenance, e.g. "claude › reviewer"
+    server: str  # the upstream MCP server's name
+    message: str
+    schema: dict[str, Any] | None  # form mode: the fields wanted (JSON schema, flat object)
+    url: str | None = None  # url mode: where the person should go
+
+
+@dataclass(frozen=True)
+class ElicitAnswer:
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+    note: str = ""  # why, for the transcript
+
+
+# The person (TUI dialog, the editor) answers an elicitation; `-p` declines unless --approve-all.
+Elicitor = Callable[[ElicitationAsk], Awaitable[ElicitAnswer]]
+
+
+async def decline_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    return ElicitAnswer("decline", note="nobody to ask (no --approve-all)")
+
+
+async def defaults_elicitor(ask: ElicitationAsk) -> ElicitAnswer:
+    """`--approve-all`: accept with the defaults the server offered; decline when a required
+    field has none (there is nothing honest to answer)."""
+    if ask.url is not None:
+        return ElicitAnswer("decline", note="--approve-all does not open links")
+    schema = ask.schema or {}
+    props = schema.get("properties") or {}
+    content = {k: v["default"] for k, v in props.items() if isinstance(v, dict) and "default" in v}
+    missing = [k for k in schema.get("required") or [] if k not in content]
+    if missing:
+        return ElicitAnswer("decline", note=f"--approve-all: no default for {', '.join(missing)}")
+    return ElicitAnswer("accept", content, note="--approve-all: the server's defaults")
 
 
 @dataclass
@@ -110,8 +167,22 @@ class SessionOptions:
     parent_policy: PermissionPolicy | None = None
     parent_id: str | None = None
     resume: str | None = None  # a saved Crucible session id
-    # Every raw session/update from the agent, before it is parsed (`cru acp` forwards them).
-    on_update: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    # Every session/update from the agent before it is parsed, params and raw frame (`cru acp`
+    # forwards them; see `acp_host.client.AcpClient.on_update`).
+    on_update: Callable[[dict[str, Any], bytes | None], Awaitable[None]] | None = None
+    # Who answers an upstream MCP server's elicitation/create (declined by default).
+    elicitor: Elicitor = decline_elicitor
+
+    def for_child(self, agent: AgentSpec, card: Card | None, parent_policy: PermissionPolicy,
+                  parent_id: str) -> SessionOptions:
+        """A delegated child's options: the parent's kiln, cwd, config, person (asker), store and
+        timeouts; its own agent and card; its policy bounded by the parent's."""
+        return SessionOptions(
+            agent=agent, kiln=self.kiln, cwd=self.cwd, config=self.config, card=card, asker=self.asker,
+            elicitor=self.elicitor,
+            store=self.store, inactivity_timeout=self.inactivity_timeout, init_timeout=self.init_timeout,
+            parent_policy=parent_policy, parent_id=parent_id,
+        )
 
 
 def _kiln_key(kiln: Path) -> Path:
@@ -128,10 +199,12 @@ class BridgeHost:
         self._backends: dict[Path, Any] = {}
         self._bridges: dict[Path, set[BridgeServer]] = {}
         self._nursery: trio.Nursery | None = None
+        self.gateway: Gateway | None = None
+        self.plugins: PluginHost | None = None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BridgeHost]:
-        from mcp_bridge.server import BridgeHTTP, serving_http
+        from mcp_bridge.server import BridgeHTTP, serving_http  # the mcp SDK: see `preload`
 
         async with trio.open_nursery() as nursery, BridgeHTTP() as app, serving_http(app, port=0) as port:
             self.app, self.port, self._nursery = app, port, nursery
@@ -145,7 +218,7 @@ class BridgeHost:
 
     def backend(self, kiln: Path, config: Config) -> Any:
         """One kiln backend per kiln per process: sessions share its index and its watcher."""
-        from crucible.kiln_mcp import CrucibleKilnBackend
+        from crucible.kiln_mcp import CrucibleKilnBackend  # the kiln stack: see `preload`
 
         key = _kiln_key(kiln)
         if key not in self._backends:
@@ -157,6 +230,36 @@ class BridgeHost:
                 self._nursery.start_soon(self._watch, key, backend)
         return self._backends[key]
 
+    async def gateway_for(self, config: Config) -> Gateway:
+        """The process's one gateway to the upstream MCP servers, shared by every session (its
+        upstreams start on a bridge's first tools/list)."""
+        if self.gateway is None:
+            from crucible.mcp_gateway import (
+                build_gateway,  # the gateway (the mcp SDK's clients) only when upstreams are configured
+            )
+
+            gateway = build_gateway(config)
+            assert self._nursery is not None, "BridgeHost must be running"
+            await self._nursery.start(self._run_gateway, gateway)
+            self.gateway = gateway
+        return self.gateway
+
+    async def plugins_for(self, config: Config) -> PluginHost:
+        """The process's Lua plugins, loaded once (in a worker thread) and shared by every session."""
+        if self.plugins is None:
+            from crucible.plugins.host import (
+                load_all,  # Lua plugins load when the first bridge is built, not before the agent spawns
+            )
+
+            self.plugins = await trio.to_thread.run_sync(load_all, config)
+        return self.plugins
+
+    @staticmethod
+    async def _run_gateway(gateway: Gateway, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with gateway.running():
+            task_status.started()
+            await trio.sleep_forever()
+
     async def _watch(self, key: Path, backend: Any) -> None:
         async def changed(paths: list[str]) -> None:
             for bridge in list(self._bridges.get(key, ())):
@@ -165,8 +268,6 @@ class BridgeHost:
         try:
             await backend.watch_changes(changed)
         except Exception as exc:  # a broken watcher must not end the sessions
-            import logging
-
             logging.getLogger("crucible.sessions").warning("kiln watcher stopped: %s", exc)
 
     async def mount(self, kiln: Path, bridge: BridgeServer, token: str, base: str) -> None:
@@ -206,20 +307,51 @@ class CrucibleSession:
         # Delegated children (crucible/delegation.py) and the host's view of their events.
         self.delegation: Delegation | None = None
         self.on_child_event: ChildEventHook | None = None
+        # What `aclose` ends, set by `open_session` as each comes up.
+        self.nursery: trio.Nursery | None = None  # the agent's connection's tasks
+        self.unmount: Callable[[], None] | None = None  # the bridge's mount on the host
+        self.closed = False
+
+    async def aclose(self) -> None:
+        """The one way a session ends, whatever ended it (its block, an error, a cancel, the
+        agent dying, the editor closing it): its children are cancelled; the bridge is unmounted
+        first (node agents keep running while an MCP stream is open, and exit on stdin EOF only
+        once it is gone, which saves the 2 s SIGTERM grace); then the agent (its ACP sessions
+        and their terminals, the connection, its process group), the connection's tasks, and
+        the transcript. Shielded, so a cancelled caller still closes everything; bounded, as
+        each step is (the agent's exit grace, then SIGTERM and SIGKILL of its group): an error
+        from it means "closed without grace", never "still open". A second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.delegation is not None:
+                self.delegation.cancel_all("the session closed")
+            if self.unmount is not None:
+                self.unmount()
+            if self.bridge is not None:
+                self.bridge.close()  # detach from the process's upstream MCP servers
+            if self.client is not None:
+                with trio.CancelScope(shield=True):
+                    await self.client.aclose()
+        finally:
+            if self.nursery is not None:
+                self.nursery.cancel_scope.cancel()
+            self.writer.close()
 
     # -- permissions ---------------------------------------------------------------------
     async def on_acp_permission(self, request: PermissionRequest) -> Decision:
         """The agent asks, over ACP."""
-        from acp_host.session import Decision
-
         call = request.tool_call
         raw = {"toolCallId": call.tool_call_id, "title": call.title, "kind": call.kind, "rawInput": call.raw_input}
         key = tool_key_from_acp(raw)
+        if key.bridge:  # an upstream or plugin tool's read-only hint, as the bridge knows it
+            key = ToolKey(key.name, bridge=True, read_only=self.bridge_read_only(key.name), summary=key.summary)
         decided = self.policy.decide(key)
         if decided.rule == "allow":
-            decision = Decision("allow_once", decided.reason)
+            decision = decision_of("allow_once", decided.reason)
         elif decided.rule == "deny":
-            decision = Decision("reject_once", decided.reason)
+            decision = decision_of("reject_once", decided.reason)
         else:
             ask = PermissionAsk(self.label, key, call.title or key.name, request)
             decision = await self.opts.asker(ask)
@@ -236,15 +368,34 @@ class CrucibleSession:
         self.warnings.append(message)
         self.writer.append({"type": "warning", "message": message})
 
+    def bridge_read_only(self, tool: str) -> bool:
+        """Kiln tools by name; upstream and plugin tools as the bridge knows them."""
+        known = self.bridge.tool_read_only(tool) if self.bridge is not None else None
+        return known if known is not None else tool in READ_ONLY_BRIDGE_TOOLS
+
     def bridge_policy(self, tool: str) -> str:
-        return self.policy.decide(ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS)).rule
+        return self.policy.decide(ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool))).rule
+
+    async def elicit_upstream(self, server: str, params: Any) -> Any:
+        """An upstream MCP server asks the person (elicitation/create) during a tool call."""
+        import mcp_types  # the MCP types with the bridge, after the agent is spawned
+
+        url = getattr(params, "url", None)
+        ask = ElicitationAsk(self.label, server, str(params.message)[:2000],
+                             getattr(params, "requested_schema", None), url)
+        answer = await self.opts.elicitor(ask)
+        self.writer.append({"type": "elicitation", "server": server, "action": answer.action,
+                            "reason": answer.note})
+        if self.on_notice is not None:
+            self.on_notice(f"[elicitation] {server}: {answer.action}" + (f" ({answer.note})" if answer.note else ""))
+        return mcp_types.ElicitResult(action=answer.action, content=answer.content if answer.action == "accept" else None)
 
     async def bridge_ask(self, tool: str, arguments: dict[str, Any]) -> bool:
         """The bridge asks for an `ask` tool the agent called without asking us first."""
         if self._preapproved.get(tool, 0) > 0:
             self._preapproved[tool] -= 1
             return True
-        key = ToolKey(tool, bridge=True, read_only=tool in READ_ONLY_BRIDGE_TOOLS, summary=_args_summary(arguments))
+        key = ToolKey(tool, bridge=True, read_only=self.bridge_read_only(tool), summary=_args_summary(arguments))
         decision = await self.opts.asker(PermissionAsk(self.label, key, tool, None, arguments))
         if decision.kind == "allow_always":
             self.policy.remember(tool, "allow")
@@ -255,6 +406,11 @@ class CrucibleSession:
         if self.on_notice is not None:
             self.on_notice(f"[permission] {tool}: {decision.kind} ({decision.reason}; asked by the bridge)")
         return decision.kind.startswith("allow")
+
+    def terminal_output(self, terminal_id: str) -> str | None:
+        """What a terminal of this session printed so far (None when there is no such terminal)."""
+        services = self.acp.services if self.acp is not None else None
+        return services.output_so_far(terminal_id) if services is not None else None
 
     def on_bridge_event(self, event: Any) -> None:
         if event.kind == "list":
@@ -306,44 +462,14 @@ class CrucibleSession:
             await self.acp.cancel()
 
     async def events(self) -> AsyncIterator[Event]:
-        """Every event of the session, in order; each is also written to the transcript."""
-        assert self.acp is not None
-        async for event in self.acp.events:
-            self.record(event)
-            yield event
+        """Every event of the session, in order, each recorded in the transcript; for a caller
+        that wants them one at a time (`crucible.events.Pipeline` fans out whole batches)."""
+        # crucible.events loads acp.schema: not before the agent is spawned (see `preload`).
+        from crucible.events import batches
 
-    def record(self, event: Event) -> None:
-        from acp_host.session import (
-            MessageChunk,
-            PermissionResolved,
-            ThoughtChunk,
-            ToolCallEvent,
-            TurnEnded,
-            UserChunk,
-        )
-
-        w = self.writer
-        if isinstance(event, MessageChunk):
-            w.append({"type": "agent_message", "text": event.text})
-        elif isinstance(event, ThoughtChunk):
-            w.append({"type": "agent_thought", "text": event.text})
-        elif isinstance(event, UserChunk):
-            w.append({"type": "history_user_message", "text": event.text})
-        elif isinstance(event, ToolCallEvent):
-            c = event.call
-            if c.status in ("completed", "failed") or event.created:
-                w.append({"type": "tool_call", "id": c.tool_call_id, "title": c.title, "kind": c.kind,
-                          "status": c.status})
-        elif isinstance(event, PermissionResolved):
-            w.append({"type": "permission", "title": event.request.tool_call.title,
-                      "decision": event.decision.kind if event.decision else event.outcome.get("outcome"),
-                      "reason": event.decision.reason if event.decision else event.note})
-        elif isinstance(event, TurnEnded):
-            w.append({"type": "turn_end", "stop_reason": event.stop_reason, "error": event.error})
-        elif type(event).__name__ == "PlanChanged":
-            w.append({"type": "plan", "entries": [e.model_dump(mode="json") for e in event.entries]})  # type: ignore[union-attr]
-        elif type(event).__name__ == "SessionError":
-            w.append({"type": "error", "message": event.message})  # type: ignore[union-attr]
+        async for batch in batches(self):
+            for event in batch:
+                yield event
 
 
 def _args_summary(arguments: dict[str, Any]) -> str:
@@ -370,8 +496,6 @@ def _bridge_entry(client: AcpClient, url: str, token: str) -> dict[str, Any]:
 async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProcess:
     """Start the agent process now, before the heavy imports, so it boots while we import;
     hand it to `open_session(..., process=)`. Its owner is `nursery` until then."""
-    from acp_host.process import AgentProcess, AgentStartError
-
     try:
         return await AgentProcess.start(nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env},
                                         cwd=opts.cwd, name=opts.agent.name)
@@ -382,17 +506,19 @@ async def spawn_agent(nursery: trio.Nursery, opts: SessionOptions) -> AgentProce
 def preload() -> None:
     """The modules a session needs (acp.schema, the mcp SDK, hypercorn): ~2 s of imports, run
     in a thread while the agent boots."""
+    # Imported here, in that thread, not when this module is: that is the point.
     import hypercorn.trio  # noqa: F401
 
     import acp_host.client  # noqa: F401
+    import crucible.delegation  # noqa: F401
+    import crucible.events  # noqa: F401
     import crucible.kiln_mcp  # noqa: F401
+    import crucible.renderers  # noqa: F401
     import mcp_bridge.server  # noqa: F401
 
 
 def explain_start_failure(spec: AgentSpec, exc: BaseException) -> CrucibleError:
     """One clear message with the fix for an agent that cannot start or refuses us."""
-    from acp_host.registry import auth_hint, install_hint
-
     text = str(exc)
     lowered = text.lower()
     if "auth" in lowered or "api key" in lowered or "login" in lowered:
@@ -409,15 +535,16 @@ def _first_line(text: str) -> str:
 
 
 @asynccontextmanager
-async def open_session(opts: SessionOptions, host: BridgeHost, *,
-                       process: AgentProcess | None = None) -> AsyncIterator[CrucibleSession]:
+async def open_session(opts: SessionOptions, host: BridgeHost, *, process: AgentProcess | None = None,
+                       parent: Delegation | None = None) -> AsyncIterator[CrucibleSession]:
     """Start the agent, its bridge and its ACP session; tear all of them down on exit.
-    `process`: the agent already spawned by `spawn_agent` (it then belongs to this session)."""
+    `process`: the agent already spawned by `spawn_agent` (it then belongs to this session).
+    `parent`: the delegation of the session that delegates to this one."""
+    # acp.schema, the mcp SDK and the kiln stack: imported once the agent is spawned (`preload`).
     from acp_host.client import connect_agent
-    from acp_host.jsonrpc import JsonRpcError
-    from acp_host.process import AgentStartError
     from crucible.delegation import Delegation
     from crucible.kiln_mcp import INSTRUCTIONS
+    from mcp_bridge.gateway import file_root
     from mcp_bridge.server import BridgeServer, new_token
 
     assert host.app is not None, "BridgeHost must be running"
@@ -440,14 +567,18 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
     bridge = BridgeServer(host.backend(opts.kiln, opts.config), name=BRIDGE_NAME, instructions=INSTRUCTIONS,
                           policy=session.bridge_policy,  # type: ignore[arg-type]
                           ask=session.bridge_ask, observer=session.on_bridge_event,
-                          extra={"session": session})
+                          extra={"session": session}, gateway=await host.gateway_for(opts.config),
+                          tool_sources=[await host.plugins_for(opts.config)],
+                          elicit=session.elicit_upstream, roots=[file_root(str(opts.kiln)), file_root(str(opts.cwd))])
     session.bridge = bridge
-    delegation = Delegation.attach(session, host)
+    delegation = Delegation.attach(session, host, open_child=open_session, parent=parent)
     token = new_token()
     base = f"/s/{session.id}"
-    await host.mount(opts.kiln, bridge, token, base)
-    try:
-        async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
+        session.nursery = nursery
+        try:
+            await host.mount(opts.kiln, bridge, token, base)
+            session.unmount = partial(host.unmount, opts.kiln, bridge, base)
             try:
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
@@ -458,35 +589,26 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *,
                 raise explain_start_failure(opts.agent, exc) from None
             session.client = client
             client.on_update = opts.on_update
-            try:
-                entry = _bridge_entry(client, host.url(base), token)
-                session.bridge_transport = "http" if "url" in entry else "stdio"
-                card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
-                servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
-                acp = await _start_acp_session(session, client, servers)
-                session.acp = acp
-                writer.meta.agent_session_id = acp.session_id
-                writer.save_meta()
-                await _apply_card_settings(session, acp)
-                with trio.move_on_after(BRIDGE_GRACE):
-                    await session.bridge_listed.wait()
-                if not session.bridge_listed.is_set():
-                    session.warn(f"the agent never listed the kiln tools on the crucible bridge "
-                                 f"({session.bridge_transport}); it will run without them")
-                async with delegation.running():
-                    yield session
-            except JsonRpcError as exc:
-                raise explain_start_failure(opts.agent, exc) from None
-            finally:
-                # Close the bridge first: node agents keep running while an MCP stream is open,
-                # and exit on stdin EOF only once it is gone (saves the 2 s SIGTERM grace).
-                host.unmount(opts.kiln, bridge, base)
-                with trio.CancelScope(shield=True):
-                    await client.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        host.unmount(opts.kiln, bridge, base)
-        writer.close()
+            entry = _bridge_entry(client, host.url(base), token)
+            session.bridge_transport = "http" if "url" in entry else "stdio"
+            card_servers = opts.card.acp_mcp_servers(client.capabilities, opts.agent.name) if opts.card else []
+            servers = [entry, *card_servers, *_unclaimed(session, opts.extra_mcp_servers, [entry, *card_servers])]
+            acp = await _start_acp_session(session, client, servers)
+            session.acp = acp
+            writer.meta.agent_session_id = acp.session_id
+            writer.save_meta()
+            await _apply_card_settings(session, acp)
+            with trio.move_on_after(BRIDGE_GRACE):
+                await session.bridge_listed.wait()
+            if not session.bridge_listed.is_set():
+                session.warn(f"the agent never listed the kiln tools on the crucible bridge "
+                             f"({session.bridge_transport}); it will run without them")
+            async with delegation.running():
+                yield session
+        except JsonRpcError as exc:
+            raise explain_start_failure(opts.agent, exc) from None
+        finally:
+            await session.aclose()  # every way out: the block's end, an error, a cancel
 
 
 def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
@@ -509,8 +631,6 @@ def _unclaimed(session: CrucibleSession, extra: list[dict[str, Any]],
 
 async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> None:
     """The card's `mode` and `model`, when the agent offers them; a warning when it does not."""
-    from acp_host.jsonrpc import JsonRpcError
-
     card = session.opts.card
     if card is None:
         return
@@ -560,8 +680,6 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
         caps = client.capabilities
         session_caps = getattr(caps, "session_capabilities", None)
         if old.agent_session_id and old.agent == opts.agent.name:
-            from acp_host.jsonrpc import JsonRpcError
-
             try:
                 if session_caps is not None and getattr(session_caps, "resume", None) is not None:
                     session.resumed_natively = True

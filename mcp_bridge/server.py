@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import os
 import secrets
 import time
@@ -27,17 +28,26 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
-from mcp.shared.subscriptions import ResourcesListChanged, ResourceUpdated
-from mcp_types.jsonrpc import INVALID_PARAMS
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
+from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from pydantic import BaseModel, ConfigDict, Field
 
+from mcp_bridge.dispatch import AskFn, Decision, Dispatcher, Policy, Tool
+from mcp_bridge.gateway import Gateway
 from mcp_bridge.kiln_api import KilnBackend, KilnError, NoteNotFoundError
 from mcp_bridge.tools import (
     DEFAULT_TOOL_TIMEOUT,
     KILN_TOOLS,
+    ElicitFn,
     ToolContext,
+    ToolError,
     ToolSpec,
-    error_result,
-    invoke,
+    input_schema,
     paginate,
 )
 
@@ -53,10 +63,6 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SSE_RETRY_MS = 50
 # How long a subscription waits for the bridge's own watcher to be armed (it takes ~0.2 s).
 WATCHER_ARM_WAIT = 10.0
-
-Decision = Literal["allow", "ask", "deny"]
-Policy = Callable[[str], Decision]
-
 
 def note_uri(path: str) -> str:
     return NOTE_URI_PREFIX + quote(path, safe="/")
@@ -92,12 +98,17 @@ class PromptProvider(Protocol):
     async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult: ...
 
 
-class AskFn(Protocol):
-    async def __call__(self, tool: str, arguments: dict[str, Any]) -> bool: ...
+class ToolSource(Protocol):
+    """More tools for a bridge, decided elsewhere (the Lua plugins): listed and looked up by name."""
+
+    def tools(self) -> Iterable[Tool]: ...
+
+    def lookup(self, name: str) -> Tool | None: ...
 
 
 class BridgeServer:
-    """The kiln tools (plus any extra tools) for one kiln or one session."""
+    """The kiln tools (plus the session's own tools, plugin tools and the gateway's upstream
+    tools) for one kiln or one session. Every call goes through `self.dispatcher`."""
 
     def __init__(
         self,
@@ -113,22 +124,33 @@ class BridgeServer:
         prompts: PromptProvider | None = None,
         tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
         extra: dict[str, Any] | None = None,
+        gateway: Gateway | None = None,
+        tool_sources: Iterable[ToolSource] = (),
+        elicit: ElicitFn | None = None,
+        roots: list[tuple[str, str]] | None = None,
     ) -> None:
         self.backend = backend
-        self.policy = policy
-        self.ask = ask
         self.observer = observer
         self.prompts = prompts
-        self.tool_timeout = tool_timeout
         self.extra = extra if extra is not None else {}
+        self.gateway = gateway if gateway else None
+        self.tool_sources = list(tool_sources)
+        self.elicit = elicit
+        # Offered to upstream servers as roots/list (the kiln, the session's cwd).
+        self.roots: list[tuple[str, str]] = list(roots or [])
         self._tools: dict[str, ToolSpec] = {}
         for spec in tools:
             self.add_tool(spec)
+        self._meta_tools = {t.name: t for t in _discovery_tools(self)}
+        self.dispatcher = Dispatcher(self.lookup, self._listed_names, policy=policy, ask=ask, timeout=tool_timeout,
+                                     unknown=self._why_not_callable)
         # Legacy-era `resources/subscribe`: uri -> sessions; 2026-era `subscriptions/listen`: the bus.
         self._subscribers: dict[str, list[ServerSession]] = {}
         self._bus = InMemorySubscriptionBus()
         self._awaits_watcher = False
         self._watch_armed = anyio.Event()
+        # Connected clients (one ServerSession each) that hear our list_changed notifications.
+        self._clients: dict[int, ServerSession] = {}
         listen = ListenHandler(self._bus)
 
         async def _listen(ctx: ServerRequestContext[Any], params: Any) -> Any:
@@ -140,18 +162,34 @@ class BridgeServer:
             "on_call_tool": self._call_tool,
             "on_subscriptions_listen": _listen,
         }
-        if backend is not None:
+        if backend is not None or self.gateway is not None:
             handlers |= {
                 "on_list_resources": self._list_resources,
                 "on_read_resource": self._read_resource,
                 "on_subscribe_resource": self._subscribe,
                 "on_unsubscribe_resource": self._unsubscribe,
             }
-        if prompts is not None:
+        if self.gateway is not None:
+            handlers["on_list_resource_templates"] = self._list_resource_templates
+        if prompts is not None or self.gateway is not None:
             handlers |= {"on_list_prompts": self._list_prompts, "on_get_prompt": self._get_prompt}
         self.server: Server[Any] = Server(name, version=version, instructions=instructions, **handlers)
+        if self.gateway is not None:
+            self.gateway.attach(self)
 
-    # --- tools ------------------------------------------------------------------------
+    # --- the dispatcher's view ---------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.dispatcher.policy
+
+    @property
+    def ask(self) -> AskFn | None:
+        return self.dispatcher.ask
+
+    @property
+    def tool_timeout(self) -> float:
+        return self.dispatcher.timeout
 
     def add_tool(self, spec: ToolSpec) -> None:
         self._tools[spec.name] = spec
@@ -160,10 +198,59 @@ class BridgeServer:
         self._tools.pop(name, None)
 
     def decision(self, name: str) -> Decision:
-        return self.policy(name) if self.policy is not None else "allow"
+        return self.dispatcher.decision(name)
 
-    def visible_tools(self) -> list[ToolSpec]:
-        return [s for s in self._tools.values() if self.decision(s.name) != "deny"]
+    def _upstream_listed(self) -> bool:
+        return self.gateway is not None and not self.gateway.over_budget()
+
+    def lookup(self, name: str) -> Tool | None:
+        """The tool a call names: the bridge's own first, then plugins, then upstreams (listed
+        or, past the schema budget, reached through invoke_tool)."""
+        own = self._tools.get(name)
+        if own is not None:
+            return own
+        for source in self.tool_sources:
+            found = source.lookup(name)
+            if found is not None:
+                return found
+        if self.gateway is not None:
+            if name in self._meta_tools and self.gateway.over_budget():
+                return self._meta_tools[name]
+            return self.gateway.lookup(name)
+        return None
+
+    def all_tools(self) -> list[Tool]:
+        """Every tool a call could reach, whatever the policy says (in listing order)."""
+        out: dict[str, Tool] = dict(self._tools)
+        for source in self.tool_sources:
+            for tool in source.tools():
+                out.setdefault(tool.name, tool)
+        if self.gateway is not None:
+            for gtool in self.gateway.tools():
+                out.setdefault(gtool.name, gtool)
+        return list(out.values())
+
+    def visible_tools(self) -> list[Tool]:
+        """What tools/list shows: everything the policy does not deny; past the schema budget,
+        the discovery tools instead of the upstream tools."""
+        tools = self.all_tools()
+        if self.gateway is not None and self.gateway.over_budget():
+            tools = [t for t in tools if t.kind != "upstream"] + list(self._meta_tools.values())
+        return [t for t in tools if self.decision(t.name) != "deny"]
+
+    def tool_read_only(self, name: str) -> bool | None:
+        """Whether the named tool only reads (None: no such tool), for the session's policy."""
+        tool = self.lookup(name)
+        return None if tool is None else tool.read_only
+
+    def _why_not_callable(self, name: str) -> str | None:
+        """An upstream that is down and never listed its tools (or lost them): say so, not "unknown"."""
+        if self.gateway is None or self.decision(name) == "deny":
+            return None
+        return self.gateway.down_reason_for(name)
+
+    def _listed_names(self) -> list[str]:
+        return [t.name for t in self.visible_tools()]
 
     def _observe(self, event: ToolEvent) -> None:
         if self.observer is None:
@@ -173,9 +260,24 @@ class BridgeServer:
         except Exception:  # an observer's bug must not break the protocol
             logger.exception("tool observer failed")
 
+    def _remember_client(self, ctx: ServerRequestContext[Any]) -> None:
+        """Note the client behind a request, to tell it later that our lists changed. The SDK
+        has no broadcast; a connection is what stays the same across its requests."""
+        connection = getattr(ctx.session, "_connection", None)
+        key = id(connection if connection is not None else ctx.session)
+        if key in self._clients:
+            return
+        self._clients[key] = ctx.session
+        stack = getattr(connection, "exit_stack", None)
+        if stack is not None:
+            stack.callback(self._clients.pop, key, None)
+
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        self._remember_client(ctx)
+        if self.gateway is not None:
+            await self.gateway.ensure_started()  # the first list starts the upstreams (bounded wait)
         tools = [s.to_mcp() for s in self.visible_tools()]
         self._observe(ToolEvent(kind="list", tools=[t.name for t in tools]))
         return types.ListToolsResult(tools=tools)
@@ -186,7 +288,8 @@ class BridgeServer:
         async def progress(done: float, total: float | None, message: str | None) -> None:
             await ctx.session.report_progress(done, total, message)
 
-        return await self.call_tool(params.name, params.arguments, report_progress=progress)
+        return await self.call_tool(params.name, params.arguments, report_progress=progress,
+                                    elicit=self.elicit or _client_elicit(ctx))
 
     async def call_tool(
         self,
@@ -194,21 +297,16 @@ class BridgeServer:
         arguments: dict[str, Any] | None,
         *,
         report_progress: Any = None,
+        elicit: ElicitFn | None = None,
     ) -> types.CallToolResult:
-        """Policy, then the tool under its timeout; usable in-process as well as over MCP."""
+        """The dispatcher, then the observer; usable in-process as well as over MCP."""
         started = time.monotonic()
-        spec = self._tools.get(name)
-        decision = self.decision(name) if spec is not None else None
-        if spec is None or decision == "deny":
-            names = ", ".join(s.name for s in self.visible_tools())
-            result = error_result(f"Unknown tool '{name}'. Available tools: {names}")
-        elif decision == "ask" and not await self._approved(name, arguments or {}):
-            result = error_result(f"The person did not allow tool '{name}' to run")
-        else:
-            ctx = ToolContext(tool_name=name, backend=self.backend, extra=self.extra)
-            if report_progress is not None:
-                ctx.report_progress = report_progress
-            result = await invoke(spec, ctx, arguments, time_limit=spec.timeout or self.tool_timeout)
+        if self.gateway is not None and not self.gateway.started and self.lookup(name) is None:
+            await self.gateway.ensure_started()  # a client that calls without listing first
+        ctx = ToolContext(tool_name=name, backend=self.backend, extra=self.extra, elicit=elicit or self.elicit)
+        if report_progress is not None:
+            ctx.report_progress = report_progress
+        result, decision = await self.dispatcher.call(name, arguments, ctx)
         self._observe(
             ToolEvent(
                 kind="call",
@@ -221,14 +319,26 @@ class BridgeServer:
         )
         return result
 
-    async def _approved(self, name: str, arguments: dict[str, Any]) -> bool:
-        if self.ask is None:
-            return False
-        try:
-            return await self.ask(name, arguments)
-        except Exception:
-            logger.exception("asking about tool %s failed", name)
-            return False
+    async def upstream_changed(self, kinds: set[str]) -> None:
+        """An upstream's tools, resources or prompts changed: tell our clients (both eras)."""
+        sends = {"tools": "send_tool_list_changed", "resources": "send_resource_list_changed",
+                 "prompts": "send_prompt_list_changed"}
+        events: dict[str, ToolsListChanged | ResourcesListChanged | PromptsListChanged] = {
+            "tools": ToolsListChanged(), "resources": ResourcesListChanged(), "prompts": PromptsListChanged()}
+        for kind in kinds:
+            if kind not in sends:
+                continue
+            await self._bus.publish(events[kind])
+            for key, session in list(self._clients.items()):
+                try:
+                    await getattr(session, sends[kind])()
+                except Exception:  # the client went away: forget it
+                    self._clients.pop(key, None)
+
+    def close(self) -> None:
+        """Detach from the gateway (the session ended)."""
+        if self.gateway is not None:
+            self.gateway.detach(self)
 
     # --- resources --------------------------------------------------------------------
 
@@ -239,12 +349,20 @@ class BridgeServer:
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
+        self._remember_client(ctx)
+        cursor = params.cursor if params else None
+        upstream: list[types.Resource] = []
+        if self.gateway is not None and cursor is None:  # the upstreams' resources come on the first page
+            await self.gateway.ensure_started()
+            upstream = self.gateway.resources()
+        if self.backend is None:
+            return types.ListResourcesResult(resources=upstream)
         entries = await anyio.to_thread.run_sync(self._kiln().list_notes, "")
         try:
-            page, nxt = paginate(entries, params.cursor if params else None, 500)
+            page, nxt = paginate(entries, cursor, 500)
         except Exception as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from None
-        resources = [
+        resources = upstream + [
             types.Resource(
                 uri=note_uri(e.path),
                 name=e.path,
@@ -256,11 +374,27 @@ class BridgeServer:
         ]
         return types.ListResourcesResult(resources=resources, next_cursor=nxt)
 
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        assert self.gateway is not None
+        await self.gateway.ensure_started()
+        return types.ListResourceTemplatesResult(resource_templates=self.gateway.resource_templates())
+
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        if self.gateway is not None and not uri.startswith(NOTE_URI_PREFIX):
+            try:
+                found = await self.gateway.read_resource(uri)
+            except ToolError as exc:  # the upstream is down
+                raise MCPError(INTERNAL_ERROR, str(exc)) from None
+            if found is None:
+                raise MCPError(RESOURCE_NOT_FOUND, f"Unknown resource {uri!r}: no kiln note and no MCP server's")
+            return found
         kiln = self._kiln()
-        path = uri_to_path(str(params.uri))
+        path = uri_to_path(uri)
         try:
             note = await anyio.to_thread.run_sync(kiln.read_note, path)
         except NoteNotFoundError as exc:
@@ -327,20 +461,34 @@ class BridgeServer:
     async def _list_prompts(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        assert self.prompts is not None
-        return types.ListPromptsResult(prompts=self.prompts.list_prompts())
+        self._remember_client(ctx)
+        prompts = self.prompts.list_prompts() if self.prompts is not None else []
+        if self.gateway is not None:
+            await self.gateway.ensure_started()
+            prompts = prompts + self.gateway.prompts()
+        return types.ListPromptsResult(prompts=prompts)
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
-        assert self.prompts is not None
+        if self.gateway is not None and self.gateway.has_prompt(params.name):
+            try:
+                found = await self.gateway.get_prompt(params.name, params.arguments)
+            except ToolError as exc:
+                raise MCPError(INTERNAL_ERROR, str(exc)) from None
+            if found is not None:
+                return found
+        if self.prompts is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown prompt {params.name!r}")
         return await self.prompts.get_prompt(params.name, params.arguments)
 
     # --- serving ----------------------------------------------------------------------
 
     def initialization_options(self) -> Any:
+        upstreams = self.gateway is not None
         return self.server.create_initialization_options(
-            NotificationOptions(resources_changed=self.backend is not None)
+            NotificationOptions(resources_changed=self.backend is not None or upstreams,
+                                tools_changed=upstreams, prompts_changed=upstreams)
         )
 
     async def serve_stdio(self) -> None:
@@ -724,3 +872,129 @@ async def relay_stdio(url: str, token: str) -> None:
                 tg.start_soon(pump, up_read, down_write, "bridge to client")
         except* httpx2.HTTPError as group:
             raise RelayError(f"lost the bridge at {url} ({type(group.exceptions[0]).__name__})") from None
+
+
+# --- requests from upstreams, answered by our own client (cru mcp) ---------------------------
+
+
+def _client_elicit(ctx: ServerRequestContext[Any]) -> ElicitFn | None:
+    """An upstream's elicitation, forwarded to the client of this call when it can answer one
+    (`cru mcp` behind Claude Code, say); None when it cannot (the upstream is declined)."""
+    caps = ctx.session.client_capabilities
+    if caps is None or caps.elicitation is None:
+        return None
+    session, request_id = ctx.session, ctx.request_id
+
+    async def elicit(server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
+        if isinstance(params, types.ElicitRequestURLParams):
+            return await session.elicit_url(f"[{server}] {params.message}", params.url, params.elicitation_id or "",
+                                            related_request_id=request_id)
+        return await session.elicit_form(f"[{server}] {params.message}", params.requested_schema,
+                                         related_request_id=request_id)
+
+    return elicit
+
+
+# --- past the schema budget: three tools instead of every upstream tool ----------------------
+
+
+class DiscoverArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(default="", description="words to look for in tool names and descriptions (empty: all)")
+    limit: int = Field(default=20, ge=1, le=200, description="how many tools to return (1-200)")
+
+
+class FoundTool(BaseModel):
+    name: str
+    description: str
+    read_only: bool
+
+
+class DiscoverResult(BaseModel):
+    tools: list[FoundTool]
+    total: int
+
+
+class SchemaArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, description="a tool name from discover_tools")
+
+
+class SchemaResult(BaseModel):
+    name: str
+    description: str | None
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    annotations: dict[str, Any] | None
+
+
+class InvokeArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, description="a tool name from discover_tools")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments (see get_tool_schema)")
+
+
+@dataclass(eq=False)
+class _InvokeTool:
+    """`invoke_tool`: a call of the named tool through the same dispatcher (its policy, its
+    time limit); the outer call has no limit of its own."""
+
+    bridge: BridgeServer
+    name: str = "invoke_tool"
+    kind: str = "discovery"
+    read_only: bool = True  # the named tool's own policy decides
+    timeout: float | None = math.inf
+    prepare: None = None
+
+    def to_mcp(self) -> types.Tool:
+        return types.Tool(name=self.name, description=(
+            "Call one of the MCP servers' tools found with discover_tools, with its arguments."),
+            input_schema=input_schema(InvokeArgs), annotations=types.ToolAnnotations(open_world_hint=True))
+
+    def validate(self, arguments: dict[str, Any] | None) -> InvokeArgs:
+        spec = ToolSpec(self.name, "", InvokeArgs, SchemaResult, _never, read_only=True)
+        return spec.validate(arguments)  # type: ignore[return-value]
+
+    async def run(self, ctx: ToolContext, args: InvokeArgs) -> types.CallToolResult:
+        if args.name in {"invoke_tool", "discover_tools", "get_tool_schema"}:
+            raise ToolError(f"invoke_tool calls the MCP servers' tools, not {args.name}")
+        return await self.bridge.call_tool(args.name, args.arguments, report_progress=ctx.report_progress,
+                                           elicit=ctx.elicit)
+
+
+async def _never(ctx: ToolContext, args: Any) -> BaseModel:
+    raise ToolError("not callable")
+
+
+def _discovery_tools(bridge: BridgeServer) -> list[Tool]:
+    def upstream_tools() -> list[Tool]:
+        gateway = bridge.gateway
+        if gateway is None:
+            return []
+        return [t for t in gateway.tools() if bridge.decision(t.name) != "deny"]
+
+    async def discover(ctx: ToolContext, a: DiscoverArgs) -> DiscoverResult:
+        words = a.query.lower().split()
+        found = [t for t in upstream_tools()
+                 if all(w in f"{t.name} {t.to_mcp().description or ''}".lower() for w in words)]
+        return DiscoverResult(total=len(found), tools=[
+            FoundTool(name=t.name, description=(t.to_mcp().description or "")[:300], read_only=t.read_only)
+            for t in found[: a.limit]])
+
+    async def schema(ctx: ToolContext, a: SchemaArgs) -> SchemaResult:
+        tool = next((t for t in upstream_tools() if t.name == a.name), None)
+        if tool is None:
+            raise ToolError(f"No MCP server tool named '{a.name}'; discover_tools lists them")
+        mcp = tool.to_mcp()
+        annotations = mcp.annotations.model_dump(by_alias=True, exclude_none=True) if mcp.annotations else None
+        return SchemaResult(name=mcp.name, description=mcp.description, input_schema=mcp.input_schema,
+                            output_schema=mcp.output_schema, annotations=annotations)
+
+    return [
+        ToolSpec("discover_tools", "Find tools of the person's MCP servers by words in their names and "
+                 "descriptions (there are too many to list). Then get_tool_schema, then invoke_tool.",
+                 DiscoverArgs, DiscoverResult, discover, read_only=True, idempotent=True),
+        ToolSpec("get_tool_schema", "The input schema, output schema and annotations of one tool found with "
+                 "discover_tools.", SchemaArgs, SchemaResult, schema, read_only=True, idempotent=True),
+        _InvokeTool(bridge),
+    ]

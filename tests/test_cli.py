@@ -1,5 +1,11 @@
+import importlib.metadata
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from crucible.cli import build_parser
 
 
 def test_cru_help_lists_the_contract_commands() -> None:
@@ -14,3 +20,90 @@ def test_unknown_subcommand_is_a_clear_error() -> None:
                          capture_output=True, text=True)
     assert res.returncode == 2
     assert "invalid choice" in res.stderr
+
+
+# --- global options: before or after the subcommand (issue 18) -----------------------------
+
+def _kiln_with_card(tmp_path: Path) -> Path:
+    kiln = tmp_path / "kiln"
+    (kiln / ".crucible" / "agents").mkdir(parents=True)
+    (kiln / ".crucible" / "agents" / "kiln-only.md").write_text(
+        "---\ndescription: a card only this kiln has\n---\nBe brief.\n")
+    (kiln / "a.md").write_text("# A\n")
+    return kiln
+
+
+@pytest.mark.parametrize("where", ["before", "after", "between"])
+def test_config_is_read_wherever_it_is_typed(tmp_path: Path, clean_env: dict[str, str],
+                                             cru_bin: str, where: str) -> None:
+    kiln = _kiln_with_card(tmp_path)
+    config = tmp_path / "elsewhere.toml"
+    config.write_text(f'kiln = "{kiln}"\n')
+    argv = {"before": ["--config", str(config), "cards", "list"],
+            "between": ["cards", "--config", str(config), "list"],
+            "after": ["cards", "list", "--config", str(config)]}[where]
+    res = subprocess.run([cru_bin, *argv], env=clean_env, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "kiln-only" in res.stdout  # the config's kiln was used: its card is listed
+
+
+def test_chat_accepts_config_after_the_subcommand(tmp_path: Path, clean_env: dict[str, str],
+                                                  cru_bin: str) -> None:
+    """The issue's own example: `cru chat --config FILE ...` said "unrecognized arguments"."""
+    config = tmp_path / "c.toml"
+    config.write_text('[agents.nothere]\ncommand = "/nonexistent/agent-binary"\n')
+    res = subprocess.run([cru_bin, "chat", "--config", str(config), "-a", "nothere", "-p", "hi",
+                          "--kiln", str(_kiln_with_card(tmp_path))],
+                         env=clean_env, capture_output=True, text=True, timeout=60)
+    assert "unrecognized arguments" not in res.stderr
+    assert res.returncode != 0
+    assert "/nonexistent/agent-binary" in res.stderr or "nothere" in res.stderr  # the profile was read
+
+
+@pytest.mark.parametrize("argv", [
+    ["--kiln", "K", "kiln", "info"], ["kiln", "--kiln", "K", "info"], ["kiln", "info", "--kiln", "K"],
+])
+def test_kiln_is_accepted_at_every_level(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    assert args.kiln == "K"
+
+
+def test_an_option_typed_after_wins_over_the_same_typed_before() -> None:
+    args = build_parser().parse_args(["--kiln", "first", "chat", "--kiln", "second"])
+    assert args.kiln == "second"
+
+
+def test_verbose_before_or_after_and_defaults_when_absent(tmp_path: Path, clean_env: dict[str, str],
+                                                          cru_bin: str) -> None:
+    assert build_parser().parse_args(["-v", "agents"]).verbose == 1
+    assert build_parser().parse_args(["agents", "-vv"]).verbose == 2
+    kiln = _kiln_with_card(tmp_path)
+    for argv in (["-v", "cards", "list", "--kiln", str(kiln)], ["cards", "list", "--kiln", str(kiln), "--verbose"]):
+        res = subprocess.run([cru_bin, *argv], env=clean_env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert "kiln-only" in res.stdout
+
+
+def test_handlers_see_every_global_option_even_when_not_typed() -> None:
+    import crucible.cli as cli
+
+    seen: dict[str, object] = {}
+
+    def fake(args: object) -> int:
+        seen.update(vars(args))
+        return 0
+
+    original = cli._resolve
+    cli._resolve = lambda key: fake  # type: ignore[assignment]
+    try:
+        assert cli.main(["agents"]) == 0
+    finally:
+        cli._resolve = original  # type: ignore[assignment]
+    assert seen["config"] is None and seen["kiln"] is None and seen["verbose"] == 0
+
+
+def test_version_prints_the_installed_version(cru_bin: str) -> None:
+    res = subprocess.run([cru_bin, "--version"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"cru {importlib.metadata.version('crucible-acp')}"

@@ -168,6 +168,7 @@ class BackgroundIndex:
     def _run(self) -> None:
         try:
             self._set(phase="opening", force=True)
+            # chromadb (~1 s): in this thread, not at start
             from crucible.kiln.index import KilnIndex
 
             index = KilnIndex.open(self.root, self.config)
@@ -294,7 +295,7 @@ def _worker_main(argv: list[str]) -> int:
     def say(msg: dict[str, Any]) -> None:
         print(json.dumps(msg), flush=True)
 
-    from crucible.kiln.index import KilnIndex
+    from crucible.kiln.index import KilnIndex  # chromadb (~1 s): after the parent heard we started
 
     try:
         index = KilnIndex.open(args.kiln, config)

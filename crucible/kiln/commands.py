@@ -18,6 +18,7 @@ from typing import Any
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex, build_status
+from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import kiln_sizes
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
 from mcp_bridge.kiln_api import SearchHit
@@ -46,6 +47,7 @@ Shows = tuple[Callable[[IndexProgress], None], Callable[[dict[str, Any] | None],
 @contextmanager
 def _progress_bar() -> Iterator[Shows]:
     """A prompt-toolkit progress bar on stderr: notes scanned, then chunks embedded (rate, ETA)."""
+    # prompt_toolkit (~0.15 s): only a terminal shows the bar
     from prompt_toolkit.output import create_output
     from prompt_toolkit.shortcuts import ProgressBar
     from prompt_toolkit.shortcuts.progress_bar import formatters as f
@@ -153,6 +155,7 @@ def _summary(report: IndexReport, index: KilnIndex) -> str:
 def cmd_index(args: argparse.Namespace) -> int:
     root, config = _setup(args)
     rebuild = bool(getattr(args, "rebuild", False))
+    ensure_model_for(config.embedder.provider)  # an installed cru fetches its weights once
     index = KilnIndex.open(root, config, rebuild=rebuild)
     try:
         progress = _progress_bar if sys.stderr.isatty() else _progress_lines

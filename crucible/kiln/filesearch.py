@@ -193,7 +193,7 @@ def _notes_text(root: Path) -> Iterator[tuple[str, str]]:
 
 
 def _compile(query: str, regex: bool, case_sensitive: bool) -> Any:
-    import regex as rx
+    import regex as rx  # ~30 ms: only a regex query pays for it
 
     flags = rx.MULTILINE | rx.VERSION0 | (0 if case_sensitive else rx.IGNORECASE)
     try:

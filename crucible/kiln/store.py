@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import chromadb
 import numpy as np
+from chromadb.api.shared_system_client import SharedSystemClient
+from chromadb.config import Settings
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
@@ -408,8 +411,6 @@ class ChromaStore:
         chromadb 1.5: counts follow, queries do not). A server needs nothing."""
         if self.local is None:
             return
-        from chromadb.api.shared_system_client import SharedSystemClient
-
         # Drop the process's cached system for this path (without stopping it: a search in
         # another thread may still be using it; it goes when the last reference does).
         SharedSystemClient._identifier_to_system.pop(str(self.local), None)
@@ -440,9 +441,6 @@ def suggest_collection(name: str) -> str:
 
 
 def _http_client(url: str) -> Any:
-    import chromadb
-    from chromadb.config import Settings
-
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CrucibleError(
@@ -463,16 +461,11 @@ def _http_client(url: str) -> Any:
 
 
 def _persistent_client(path: Path, root: Path) -> Any:
-    import chromadb
-    from chromadb.config import Settings
-
     with store_errors(root, STORE_DIR, "opening it"):
         return chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
 
 
 def _wipe_local(path: Path) -> None:
-    from chromadb.api.shared_system_client import SharedSystemClient
-
     # Chroma caches one system per store path in the process: drop ours before deleting it.
     system = SharedSystemClient._identifier_to_system.pop(str(path), None)
     SharedSystemClient._identifier_to_refcount.pop(str(path), None)

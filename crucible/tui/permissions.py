@@ -1,4 +1,4 @@
-"""The permission dialog's model: the session's `Asker` for the terminal chat.
+"""The permission dialog: its model (the session's `Asker` for the terminal chat) and its view.
 
 Every question (an ACP permission request or a bridge-side ask) waits in one FIFO queue;
 the dialog shows the first one. A question leaves the queue exactly once: answered by a
@@ -13,12 +13,24 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import tomlkit
 import trio
+from prompt_toolkit.formatted_text import StyleAndTextTuples
+from prompt_toolkit.layout.dimension import Dimension
+from tomlkit.exceptions import TOMLKitError
 
 from acp_host.session import Decision, DecisionKind
 from crucible.errors import CrucibleError
+from crucible.kiln.atomic import atomic_write_text
 from crucible.sessions import PermissionAsk
+from crucible.terminal import sanitize
+from crucible.tui.feed import diff_lines, pretty, text_block_lines
+from crucible.tui.markdown import Fragments
+
+if TYPE_CHECKING:
+    from crucible.tui.elicitation import ElicitationQueue
 
 # key -> (decision, save a rule to the config, label)
 KEYS: dict[str, tuple[DecisionKind, bool, str]] = {
@@ -86,14 +98,59 @@ class PermissionQueue:
         return label, rule
 
 
+def dialog_lines(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> list[Fragments]:
+    """The dialog: the first permission request waiting, else an upstream server's question."""
+    """The first question: who wants to run what (its diff or arguments), and the keys."""
+    pending = queue.current
+    if pending is None:
+        return questions.dialog_lines() if questions is not None else []
+    ask = pending.ask
+    request = ask.request
+    call = request.tool_call if request is not None else None
+    kind = (call.kind if call is not None else None) or ("bridge tool" if ask.key.bridge else "other")
+    lines: list[Fragments] = [
+        [("class:dialog.title", f"Permission: {sanitize(ask.label)} wants to run "),
+         ("class:tool.title", sanitize(ask.title)), ("class:dim", f"  [{sanitize(kind)}]")],
+    ]
+    details: list[Fragments] = []
+    if call is not None and call.diffs:
+        for diff in call.diffs:
+            details.extend(diff_lines(diff))
+    else:
+        raw = call.raw_input if call is not None else ask.arguments
+        if raw is None and ask.key.summary:
+            raw = ask.key.summary
+        if raw is not None:
+            details.extend(text_block_lines(pretty(raw)))
+    if len(details) > 6:
+        details = details[:6] + [[("class:dim", f"  … {len(details) - 6} more lines")]]
+    lines.extend(details)
+    choices: Fragments = []
+    for key in queue.offered_keys(pending):
+        choices += [("class:dialog.key", f" {key} "), ("", f" {KEYS[key][2]}  ")]
+    more = len(queue.items) - 1
+    if more:
+        choices.append(("class:dim", f"(+{more} waiting)"))
+    lines.append(choices)
+    return lines
+
+
+def dialog_text(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> StyleAndTextTuples:
+    out: StyleAndTextTuples = []
+    for i, line in enumerate(dialog_lines(queue, questions)):
+        if i:
+            out.append(("", "\n"))
+        out.extend(line)
+    return out
+
+
+def dialog_height(queue: PermissionQueue, questions: ElicitationQueue | None = None) -> Dimension:
+    return Dimension(min=2, max=10, preferred=len(dialog_lines(queue, questions)))
+
+
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:
     """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file,
     comments and order included (tomlkit round-trips the document)."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
-    from crucible.kiln.atomic import atomic_write_text
-
     doc = tomlkit.document()
     if path.exists():
         try:

@@ -178,3 +178,18 @@ def test_hints_name_the_install_and_login_commands() -> None:
     assert "opencode auth login" in auth_hint("opencode")
     assert "OPENAI_API_KEY" in auth_hint("codex")
     assert known_names({"zed": {}, "claude": {}}) == [*BUILTINS, "zed"]
+
+
+def test_fetch_on_run_names_what_a_package_runner_would_download() -> None:
+    from acp_host.registry import fetch_on_run
+
+    assert fetch_on_run(["/usr/bin/npx", "-y", "@zed-industries/claude-agent-acp"]) == \
+        "npm package @zed-industries/claude-agent-acp"
+    assert fetch_on_run(["npx", "--yes", "--package", "@google/gemini-cli@1.2.3", "gemini", "--acp"]) == \
+        "npm package @google/gemini-cli@1.2.3"
+    assert fetch_on_run(["bunx", "opencode-ai", "acp"]) == "npm package opencode-ai"
+    assert fetch_on_run(["uvx", "--python", "3.12", "crucible==0.1.0", "acp"]) == "PyPI package crucible==0.1.0"
+    assert fetch_on_run(["uvx", "--from", "crucible==0.1.0", "cru", "acp"]) == "PyPI package crucible==0.1.0"
+    assert fetch_on_run(["/usr/local/bin/claude-agent-acp"]) is None
+    assert fetch_on_run(["opencode", "acp"]) is None
+    assert fetch_on_run([]) is None

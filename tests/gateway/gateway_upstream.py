@@ -1,0 +1,129 @@
+"""An upstream MCP server for the gateway tests, built with the mcp SDK's `MCPServer`.
+
+    python gateway_upstream.py http|sse|stdio
+
+HTTP and SSE listen on 127.0.0.1 (a port the OS picks) and print `listening on PORT` on stdout;
+with $UPSTREAM_TOKEN set they refuse requests without `Authorization: Bearer $UPSTREAM_TOKEN`.
+Tools: add, slow, grow (adds a tool and says so with tools/list_changed), ask_sampling,
+elicit_name, crash (the process exits), auth_header (what Authorization header came).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("gateway-test-upstream")
+SEEN_AUTH: dict[str, str] = {}
+
+
+@server.tool(annotations=types.ToolAnnotations(read_only_hint=True))
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add the tool `extra` and tell the client its tool list changed."""
+
+    def extra() -> str:
+        """A tool that appeared later."""
+        return "extra!"
+
+    server.add_tool(extra, name="extra")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+@server.tool()
+async def ask_sampling(ctx: Context) -> str:
+    """Ask the client's model something (sampling/createMessage)."""
+    try:
+        result = await ctx.session.create_message(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(text="hi"))], max_tokens=5)
+    except Exception as exc:
+        return f"sampling refused: {exc}"
+    return f"sampling answered: {result}"
+
+
+@server.tool()
+async def elicit_name(ctx: Context) -> str:
+    """Ask the person for a name (elicitation/create)."""
+    schema: dict[str, Any] = {"type": "object", "properties": {"name": {"type": "string", "default": "Ada"}},
+                              "required": ["name"]}
+    result = await ctx.session.elicit_form("What is your name?", schema)  # type: ignore[arg-type]
+    return f"action={result.action} content={result.content}"
+
+
+@server.tool()
+def crash() -> str:
+    """Exit the server process at once, saying why on stderr."""
+    print("fatal: the database is locked", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+@server.tool()
+def auth_header() -> str:
+    """The Authorization header of the last HTTP request."""
+    return SEEN_AUTH.get("value", "")
+
+
+@server.resource("test://greeting", name="greeting", mime_type="text/plain")
+def greeting() -> str:
+    return "hello from upstream"
+
+
+@server.prompt(name="haiku")
+def haiku(topic: str) -> str:
+    """A haiku about a topic."""
+    return f"Write a haiku about {topic}."
+
+
+def guarded(app: Any) -> Any:
+    token = os.environ.get("UPSTREAM_TOKEN")
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            auth = dict(scope.get("headers", [])).get(b"authorization", b"").decode()
+            SEEN_AUTH["value"] = auth
+            if token and auth != f"Bearer {token}":
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b"unauthorized"})
+                return
+        await app(scope, receive, send)
+
+    return asgi
+
+
+def main() -> None:
+    transport = sys.argv[1] if len(sys.argv) > 1 else "http"
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    import uvicorn
+
+    app = server.sse_app() if transport == "sse" else server.streamable_http_app()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # connections wait in the backlog until uvicorn accepts them
+    print(f"listening on {sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(guarded(app), fd=sock.fileno(), log_level="warning", lifespan="on")
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Upstream MCP servers through a session's bridge: `cru chat -p` with the scripted agent (a real
+subprocess that connects to the bridge and calls tools as the real agents do)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, SECRET, UPSTREAM, everything_toml, write_config
+
+SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
+
+
+class Chat:
+    def __init__(self, cru: str, env: dict[str, str], kiln: Path, tmp: Path) -> None:
+        self.cru, self.env, self.kiln, self.tmp = cru, env, kiln, tmp
+        self.log = tmp / "agent-log.jsonl"
+        self.config = tmp / "xdg-config" / "crucible"
+
+    def run(self, steps: list[dict[str, Any]], *extra: str, http: bool = True) -> subprocess.CompletedProcess[str]:
+        script = {"log": str(self.log),
+                  "initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": http, "sse": False}}}},
+                  "new_session": {"list_mcp_tools": True},
+                  "prompts": [steps + [{"text": "\nok"}]]}
+        path = self.tmp / "script.json"
+        path.write_text(json.dumps(script))
+        argv = [self.cru, "chat", "--agent-command", f"{sys.executable} {SCRIPTED} {path}", "--kiln", str(self.kiln),
+                "-p", "go", *extra]
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120, cwd=self.tmp)
+
+    def entries(self, **match: Any) -> list[dict[str, Any]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        out = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in out if all(e.get(k) == v for k, v in match.items())]
+
+    def result_of(self, name: str) -> dict[str, Any]:
+        (entry,) = self.entries(kind="result", **{"as": name})
+        return entry["result"]
+
+
+@pytest.fixture
+def chat(cru_bin: str, gw_env: dict[str, str], kiln: Path, tmp_path: Path) -> Chat:
+    return Chat(cru_bin, gw_env, kiln, tmp_path)
+
+
+def call(tool: str, arguments: dict[str, Any], name: str) -> dict[str, Any]:
+    return {"mcp_call": {"server": "crucible", "tool": tool, "arguments": arguments}, "as": name, "echo": True}
+
+
+def result_text(result: dict[str, Any]) -> str:
+    return "\n".join(c.get("text", "") for c in result.get("result", {}).get("content", []))
+
+
+@pytest.mark.parametrize("http", [True, False], ids=["http", "stdio-relay"])
+def test_session_bridge_lists_and_calls_prefixed_upstream_tools(chat: Chat, everything: list[str],
+                                                              tmp_path: Path, http: bool) -> None:
+    write_config(chat.config, everything_toml(everything))
+    record = tmp_path / "recording.jsonl"
+    res = chat.run([call("everything_echo", {"message": "through the bridge"}, "echo"),
+                    call("everything_get-env", {}, "env"),
+                    call("everything_get-sum", {"a": 1, "b": 2}, "sum")], "--record", str(record), http=http)
+    assert res.returncode == 0, res.stderr
+    (listed,) = chat.entries(kind="mcp_tools", server="crucible")
+    assert {"read_note", "semantic_search", "everything_echo", "everything_get-sum"} <= set(listed["tools"])
+    assert result_text(chat.result_of("echo")) == "Echo: through the bridge"
+    assert "3" in result_text(chat.result_of("sum"))
+    # The upstream was given the secret (it shows its environment) and the agent never sees it.
+    env_text = result_text(chat.result_of("env"))
+    assert "GATEWAY_TOKEN" in env_text and "{env:GATEWAY_TOKEN}" in env_text
+    # Nothing the session wrote (transcript, events, the recording, the agent's own log) holds it.
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert record in written and any("sessions" in str(p) for p in written)
+    for path in written:
+        assert SECRET.encode() not in path.read_bytes(), path
+    assert SECRET not in res.stdout + res.stderr
+
+
+def test_card_that_denies_the_upstream_hides_its_tools(chat: Chat, everything: list[str]) -> None:
+    write_config(chat.config, everything_toml(everything))
+    cards = chat.kiln / ".crucible" / "agents"
+    cards.mkdir(parents=True, exist_ok=True)
+    (cards / "no-everything.md").write_text(
+        '---\ndescription: no upstream tools\ntools:\n  "everything_*": deny\n---\nBe brief.\n')
+    res = chat.run([call("everything_echo", {"message": "x"}, "echo")], "--card", "no-everything")
+    assert res.returncode == 0, res.stderr
+    (listed,) = chat.entries(kind="mcp_tools", server="crucible")
+    assert not [t for t in listed["tools"] if t.startswith("everything_")]
+    assert "read_note" in listed["tools"]
+    assert result_text(chat.result_of("echo")).startswith("Unknown tool 'everything_echo'")
+
+
+def test_config_rules_and_read_only_hints_decide_for_upstream_tools(chat: Chat) -> None:
+    # The SDK test server over stdio: `add` is read-only (runs), `slow` is not (asks: denied in -p),
+    # unless [permissions] allows it by a glob.
+    server = (f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+              f'command = "{sys.executable}"\nargs = ["{UPSTREAM}", "stdio"]\n')
+    write_config(chat.config, server)
+    res = chat.run([call("up_add", {"a": 2, "b": 3}, "add"), call("up_slow", {"seconds": 0}, "slow")])
+    assert res.returncode == 0, res.stderr
+    assert result_text(chat.result_of("add")) == "5"
+    assert result_text(chat.result_of("slow")) == "The person did not allow tool 'up_slow' to run"
+    assert "[permission] up_slow: reject_once" in res.stderr
+    write_config(chat.config, server + '[permissions]\n"up_*" = "allow"\n')
+    chat.log.unlink()
+    res = chat.run([call("up_slow", {"seconds": 0}, "slow")])
+    assert result_text(chat.result_of("slow")) == "slept 0.0"
+
+
+@pytest.mark.parametrize("flag", ["--approve-all", None])
+def test_elicitation_in_p_mode(chat: Chat, flag: str | None) -> None:
+    write_config(chat.config, f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                              f'command = "{sys.executable}"\nargs = ["{UPSTREAM}", "stdio"]\n'
+                              '[permissions]\n"up_*" = "allow"\n')
+    res = chat.run([call("up_elicit_name", {}, "ask")], *([flag] if flag else []))
+    assert res.returncode == 0, res.stderr
+    text = result_text(chat.result_of("ask"))
+    if flag:
+        assert text == "action=accept content={'name': 'Ada'}"  # the server's default
+        assert "[elicitation] up: accept" in res.stderr
+    else:
+        assert text == "action=decline content=None"
+        assert "[elicitation] up: decline" in res.stderr
+
+
+def test_a_config_error_in_mcp_servers_names_file_server_and_field(chat: Chat, everything: list[str]) -> None:
+    path = write_config(chat.config, everything_toml(everything) + everything_toml(everything, "again")
+                        .replace('name = "again"', 'name = "again"\nprefix = "everything_"'))
+    res = chat.run([])
+    assert res.returncode != 0
+    assert f"{path}: [[mcp.servers]] 'again': prefix: 'everything_' is already the prefix of server 'everything'" \
+        in res.stderr

@@ -1,0 +1,64 @@
+"""In the terminal chat (a real pty): an upstream's elicitation reaches the permission dialog
+and the person answers it; `/mcp` shows the upstreams."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import UPSTREAM, write_config
+
+_spec = importlib.util.spec_from_file_location("tui_conftest", Path(__file__).parents[1] / "tui" / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+tui_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tui_conftest)
+TuiRunner = tui_conftest.TuiRunner
+
+CONFIG = (f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+          f'command = "{sys.executable}"\nargs = ["{UPSTREAM}", "stdio"]\n[permissions]\n"up_*" = "allow"\n')
+
+
+@pytest.fixture
+def tui(cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> Any:
+    write_config(Path(clean_env["XDG_CONFIG_HOME"]) / "crucible", CONFIG)
+    runner = TuiRunner(cru_bin, clean_env, kiln, tmp_path)
+    yield runner
+    for screen in runner.screens:
+        screen.close()
+
+
+def ask_twice() -> dict[str, Any]:
+    call = {"mcp_call": {"server": "crucible", "tool": "up_elicit_name", "arguments": {}}, "echo": True}
+    return {"initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}},
+            "new_session": {"list_mcp_tools": True},
+            "prompts": [[dict(call, **{"as": "first"}), {"text": "\nfirst done"}],
+                        [dict(call, **{"as": "second"}), {"text": "\nsecond done"}]]}
+
+
+def result_text(entry: dict[str, Any]) -> str:
+    return "\n".join(c.get("text", "") for c in entry["result"]["result"]["content"])
+
+
+def test_elicitation_is_answered_in_the_dialog_and_mcp_shows_the_servers(tui: Any) -> None:
+    screen = tui.open(ask_twice(), cols=120, rows=30)
+    screen.wait_for("›")
+    screen.type_line("what is my name")
+    screen.wait_all("Question from MCP server up", "What is your name?", "name: string (default \"Ada\")")
+    screen.send("Grace")
+    screen.wait_for("Grace")
+    screen.send("\r")
+    first = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("as") == "first")
+    assert result_text(first) == "action=accept content={'name': 'Grace'}"
+    screen.wait_for("first done")
+    screen.type_line("again")
+    screen.wait_for("Question from MCP server up")
+    screen.send("\x1b")  # Esc declines
+    second = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("as") == "second")
+    assert result_text(second) == "action=decline content=None"
+    screen.wait_for("second done")
+    screen.type_line("/mcp")
+    screen.wait_for(lambda s: "MCP servers:" in s and any(
+        line.split()[:2] == ["up", "up"] and "tools" in line for line in s.splitlines()))
