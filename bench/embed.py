@@ -6,6 +6,10 @@ Prints texts/s for each, the ratio (goal >= 1.0x) and parity (min cosine, goal >
 
 Runs in the bench venv (torch + sentence-transformers), never the dev venv:
     B=$(scripts/setup-bench | tail -1); $B/python bench/embed.py [--limit N] [--batch-size 16]
+
+`--int8` (any venv, no torch): the built-in model quantized to int8 (embedder.quantize_model)
+against fp32, same run: cosine on every fixture text (fixtures/embeddings/reference.json; the
+condition for making int8 the default is >= 0.99 on each) and on the kiln's chunks, and speed.
 """
 
 from __future__ import annotations
@@ -57,6 +61,33 @@ def generated_chunks(n: int) -> list[str]:
     return out
 
 
+def int8(texts: list[str], batch_size: int) -> None:
+    import json
+
+    from crucible.kiln.embedder import INT8_MODEL
+
+    fp32 = make_embedder(EmbedderConfig(batch_size=batch_size))
+    q8 = make_embedder(EmbedderConfig(batch_size=batch_size, model=INT8_MODEL))
+    fp32.embed(["warm up"])
+    q8.embed(["warm up"])
+    fixtures = [it["text"] for it in json.loads((ROOT / "fixtures/embeddings/reference.json").read_text())["items"]]
+    cos = (fp32.embed(fixtures) * q8.embed(fixtures)).sum(axis=1)
+    worst = int(np.argmin(cos))
+    print(f"fixture texts ({len(fixtures)}): cosine int8 vs fp32 min {cos.min():.4f} (on "
+          f"{fixtures[worst][:40]!r}), mean {cos.mean():.4f}; below 0.99: {int((cos < 0.99).sum())}")
+    times: dict[str, list[float]] = {"fp32": [], "int8": []}
+    vectors = {}
+    for rnd in range(2):  # alternate who goes first
+        for who, emb in ((("fp32", fp32), ("int8", q8)) if rnd == 0 else (("int8", q8), ("fp32", fp32))):
+            t = time.perf_counter()
+            vectors[who] = emb.embed(texts)
+            times[who].append(time.perf_counter() - t)
+    cos = (vectors["fp32"] * vectors["int8"]).sum(axis=1)
+    rate = {w: len(texts) / min(ts) for w, ts in times.items()}
+    print(f"kiln chunks ({len(texts)}): cosine min {cos.min():.4f}, mean {cos.mean():.4f}; "
+          f"fp32 {rate['fp32']:.1f} texts/s, int8 {rate['int8']:.1f} texts/s = {rate['int8'] / rate['fp32']:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=16)
@@ -64,7 +95,15 @@ def main() -> None:
         "--limit", type=int, default=0, help="use only N texts (evenly spread); 0 = all"
     )
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
+    ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
     args = ap.parse_args()
+    if args.int8:
+        texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(args.generated)
+        if args.limit and args.limit < len(texts):
+            step = len(texts) / args.limit
+            texts = [texts[int(i * step)] for i in range(args.limit)]
+        int8(texts, args.batch_size)
+        return
 
     import torch
     from sentence_transformers import SentenceTransformer

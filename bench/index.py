@@ -4,6 +4,12 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
     $V/python bench/index.py                 # sample kiln + a generated 10,000-note kiln
     $V/python bench/index.py --notes 2000    # a smaller generated kiln
     $V/python bench/index.py --skip-generated
+    $V/python bench/index.py --modes [--notes 2000] [--seconds 60]
+        # `cru mcp` while its index builds in the background, in a worker process, in a thread,
+        # and with no build running (the writer lock held by this script): the other calls'
+        # latency, the build's progress, the peak RSS of cru mcp (and its worker)
+    $V/python bench/index.py --first-answer [--notes 10000]
+        # time from spawning `cru mcp` on a kiln never indexed to its first semantic_search answer
 
 Each kiln is copied (or generated) into a temporary folder, so its index starts empty.
 """
@@ -11,17 +17,23 @@ Each kiln is copied (or generated) into a temporary folder, so its index starts 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from crucible.config import Config
-from crucible.kiln.index import IndexProgress, IndexReport, KilnIndex
+# This folder holds mcp.py (a benchmark): keep it off sys.path so `import mcp` finds the SDK.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from crucible.config import Config  # noqa: E402
+from crucible.kiln.index import LOCK_FILE, IndexProgress, IndexReport, KilnIndex  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_KILN = REPO.parent / "shared" / "kilns" / "crucible-docs"
@@ -140,7 +152,8 @@ def run(label: str, kiln: Path, change: str) -> dict[str, float]:
 
 def search_costs(label: str, kiln: Path) -> None:
     """What a new process pays before its first search on this kiln, and per search after."""
-    from crucible.kiln.search import hybrid_search, property_search, text_search
+    from crucible.kiln.filesearch import property_search, text_search
+    from crucible.kiln.search import hybrid_search
 
     def timed(fn: Callable[[], object]) -> float:
         t0 = time.perf_counter()
@@ -168,7 +181,7 @@ def search_costs(label: str, kiln: Path) -> None:
     (kiln / ".crucible" / "properties.json").unlink(missing_ok=True)
     prop1 = timed(lambda: property_search(kiln, "status:unheard-of", limit=10))
     prop2 = timed(lambda: property_search(kiln, "status:unheard-of", limit=10))
-    import crucible.kiln.search as search_mod  # a new process: only the saved properties left
+    import crucible.kiln.filesearch as search_mod  # a new process: only the saved properties left
 
     search_mod._stores.clear()
     search_mod._cache = search_mod._NoteCache()
@@ -178,6 +191,294 @@ def search_costs(label: str, kiln: Path) -> None:
           f"{first * 1000:.0f} ms then {again * 1000:.0f} ms; text search {text1:.2f}s cold, "
           f"{text2:.2f}s warm; property search {prop1:.2f}s cold, {prop2:.2f}s warm, "
           f"{prop3:.2f}s in a new process", flush=True)
+
+
+# --- cru mcp while the index builds ---------------------------------------------------------
+
+CRU = str(Path(sys.executable).parent / "cru")
+TOPICS = ["lantern harbor", "quartz falcon over the prairie", "glacier river", "violin thunder",
+          "compiler kernel", "orchid pepper", "walnut yarn", "beacon jetty"]
+
+
+def _tree_rss(root_pid: int) -> int:
+    """RSS in bytes of a process and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def _cru_mcp_pid(kiln: Path) -> int | None:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"mcp" in cmd and str(kiln).encode() in cmd and any(c.endswith(b"cru") for c in cmd[:2]):
+                return int(entry)
+    return None
+
+
+async def session_run(kiln: Path, mode: str, seconds: float) -> dict[str, Any]:
+    """Spawn `cru mcp` on `kiln`, time its first semantic_search answer, then call tools in turn
+    for `seconds` (or until the index is ready), timing each; sample the RSS of its process tree."""
+    import trio
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    env = {**os.environ, "CRUCIBLE_INDEX_MODE": mode}
+    params = StdioServerParameters(command=CRU, args=["mcp", "--kiln", str(kiln)], env=env)
+    times: dict[str, list[float]] = {}
+    peak = 0
+    out: dict[str, Any] = {"mode": mode}
+    started = time.perf_counter()
+    async with Client(params, mode="legacy") as c:
+        r = await c.call_tool("semantic_search", {"query": "lantern harbor", "limit": 5})
+        out["first_answer"] = time.perf_counter() - started
+        out["first_index"] = (r.structured_content or {}).get("index")
+        pid = _cru_mcp_pid(kiln)
+        note = min(p.relative_to(kiln).as_posix() for p in kiln.rglob("*.md"))  # noqa: ASYNC240 - once
+        calls = [
+            ("get_kiln_roots", {}),
+            ("read_note", {"path": note}),
+            ("text_search", {"query": "harbor", "limit": 5}),
+            ("semantic_search", {"query": "", "limit": 5}),
+        ]
+        done = trio.Event()
+
+        async def sample() -> None:
+            nonlocal peak
+            while not done.is_set() and pid is not None:
+                peak = max(peak, _tree_rss(pid))
+                with trio.move_on_after(0.5):
+                    await done.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            i = 0
+            state: dict[str, Any] = {}
+            while time.perf_counter() - started < seconds:
+                for name, args in calls:
+                    if name == "semantic_search":
+                        args = {"query": TOPICS[i % len(TOPICS)], "limit": 5}
+                    t0 = time.perf_counter()
+                    await c.call_tool(name, args)
+                    times.setdefault(name, []).append(time.perf_counter() - t0)
+                i += 1
+                if i % 10 == 0:
+                    r = await c.call_tool("get_kiln_stats", {})
+                    state = dict((r.structured_content or {}).get("index", {}))
+                    if state.get("phase") == "ready":
+                        break
+            r = await c.call_tool("get_kiln_stats", {})
+            state = dict((r.structured_content or {}).get("index", {}))
+            done.set()
+    out["elapsed"] = time.perf_counter() - started
+    out["state"] = state
+    out["peak_rss"] = peak
+    out["times"] = times
+    return out
+
+
+def _p(samples: list[float], q: float) -> float:
+    xs = sorted(samples)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] * 1000 if xs else float("nan")
+
+
+def modes(base: Path, notes: int, seconds: float) -> None:
+    """Thread vs worker process vs no build: the latency of the session's other calls."""
+    import fcntl
+
+    import trio
+
+    src = base / f"generated-{notes}"
+    if not src.is_dir():
+        generate_kiln(src, notes)
+    results = []
+    for mode in ("none", "thread", "process"):  # none: the lock held here, nothing builds
+        kiln = base / f"modes-{mode}"
+        shutil.rmtree(kiln, ignore_errors=True)
+        shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+        holder = None
+        if mode == "none":  # another writer holds the lock: the session builds nothing
+            (kiln / LOCK_FILE).parent.mkdir(parents=True, exist_ok=True)
+            holder = open(kiln / LOCK_FILE, "a+")  # noqa: SIM115 - held for the run
+            fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        print(f"modes: {mode} ...", flush=True)
+        try:
+            result = trio.run(session_run, kiln, "thread" if mode == "none" else mode, seconds)
+            results.append({**result, "mode": mode})
+        finally:
+            if holder is not None:
+                holder.close()
+    print(f"\ncru mcp on {notes} generated notes, calls in turn for up to {seconds:g}s while the index "
+          "builds (ms):")
+    for r in results:
+        st = r["state"]
+        print(f"  {r['mode']:8s} first answer {r['first_answer']:.2f}s; after {r['elapsed']:.0f}s: "
+              f"{st.get('phase')} {100 * float(st.get('embedded') or 0):.0f}% embedded; peak RSS "
+              f"{r['peak_rss'] / 2**20:.0f} MiB (cru mcp + worker)")
+        for name, samples in r["times"].items():
+            print(f"      {name:16s} p50 {_p(samples, 0.5):7.1f}  p95 {_p(samples, 0.95):7.1f}  n={len(samples)}")
+
+
+def first_answer(base: Path, notes: int) -> None:
+    import trio
+
+    src = base / f"generated-{notes}"
+    if not src.is_dir():
+        generate_kiln(src, notes)
+    kiln = base / "first-answer"
+    shutil.rmtree(kiln, ignore_errors=True)
+    shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+    cold = trio.run(session_run, kiln, "process", 0.0)
+    warm = trio.run(session_run, kiln, "process", 0.0)  # again: the lexical index is saved now
+    for label, r in (("never indexed", cold), ("second start", warm)):
+        print(f"first answer on {notes} notes ({label}): {r['first_answer']:.2f}s from spawning cru mcp "
+              f"(goal <= 5 s); index {r['first_index']}", flush=True)
+
+
+# --- the whole build on a large kiln: today's code vs this one, with a profile -----------------
+
+OLD_COMMIT = "c385176"  # main before issue 15: the index built inside the first search
+OLD_BUILD = """
+import json, sys, time
+from pathlib import Path
+from crucible.config import Config
+import crucible.kiln.index
+from crucible.kiln.index import KilnIndex
+assert "old-code" in crucible.kiln.index.__file__, crucible.kiln.index.__file__
+index = KilnIndex.open(Path(sys.argv[1]), Config(), rebuild=True)
+index.embedder.embed(["warm up"])
+t = time.perf_counter()
+report = index.update()
+print(json.dumps({"elapsed": time.perf_counter() - t, "chunks": report.chunks_embedded}))
+index.close()
+"""
+
+
+class Stages:
+    """Busy time per stage of a build (the stages overlap: the pipeline runs them in threads)."""
+
+    def __init__(self) -> None:
+        self.busy: dict[str, float] = {}
+        self.lock = __import__("threading").Lock()
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.busy[label] = self.busy.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+
+def profiled_build(kiln: Path, config: Config) -> tuple[IndexReport, float, Stages]:
+    from crucible.kiln import embedder as E
+    from crucible.kiln import index as I
+    from crucible.kiln import lexical as L
+    from crucible.kiln import store as St
+
+    stages = Stages()
+    index = KilnIndex.open(kiln, config, rebuild=True)
+    index.embedder.embed(["warm up"])  # the model loads outside the timing, as for the old code
+    runtime = E._runtime(index.embedder.threads, index.embedder.int8)  # type: ignore[attr-defined]
+
+    class Timed:
+        def __init__(self, inner: Any, method: str, label: str) -> None:
+            self.inner = inner
+            setattr(self, method, self._timed(getattr(inner, method), label))
+
+        def _timed(self, fn: Any, label: str) -> Any:
+            def call(*a: Any, **k: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    with stages.lock:
+                        stages.busy[label] = stages.busy.get(label, 0.0) + time.perf_counter() - t0
+            return call
+
+    runtime.tokenizer = Timed(runtime.tokenizer, "encode_batch", "embed: tokenize")  # type: ignore[assignment]
+    runtime.session = Timed(runtime.session, "run", "embed: onnx")  # type: ignore[assignment]
+    stages.wrap(I, "read_note", "read + parse notes")
+    stages.wrap(I, "chunk_note", "chunk")
+    stages.wrap(I, "_file_hash", "scan: hash files")
+    stages.wrap(St.ChromaStore, "stored_vectors", "chroma: read old vectors")
+    stages.wrap(St.ChromaStore, "write", "chroma: write rows")
+    stages.wrap(L.LexicalIndex, "refresh", "lexical: read + tokenize")
+    stages.wrap(I.KilnIndex, "save_lexical", "lexical: save")
+    try:
+        t0 = time.perf_counter()
+        report = index.update()
+        wall = time.perf_counter() - t0
+    finally:
+        index.close()
+    return report, wall, stages
+
+
+def compare_old(base: Path, notes: int, model: str | None = None) -> None:
+    from crucible.config import EmbedderConfig
+
+    config = Config(embedder=EmbedderConfig(model=model)) if model else Config()
+    src = base / f"generated-{notes}"
+    if not src.is_dir():
+        generate_kiln(src, notes)
+    old_code = base / f"old-code-{OLD_COMMIT}"
+    if not old_code.is_dir():
+        old_code.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "crucible"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old_code)], input=archive, check=True)
+    kilns = {}
+    for which in ("old", "new"):
+        kilns[which] = base / f"compare-{which}"
+        shutil.rmtree(kilns[which], ignore_errors=True)
+        shutil.copytree(src, kilns[which], ignore=shutil.ignore_patterns(".crucible"))
+    print(f"full build of {notes} notes with today's code ({OLD_COMMIT}) ...", flush=True)
+    env = {**os.environ, "PYTHONPATH": str(old_code)}
+    done = subprocess.run([sys.executable, "-c", OLD_BUILD, str(kilns["old"])], env=env, cwd=old_code,
+                          capture_output=True, text=True, check=True)
+    old = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  today's code: {old['elapsed']:.0f}s for {old['chunks']} chunks", flush=True)
+    print(f"full build of {notes} notes with this code (profiled; embedder {model or 'default'}) ...",
+          flush=True)
+    report, wall, stages = profiled_build(kilns["new"], config)
+    print(f"  this code: {wall:.0f}s for {report.chunks_embedded} chunks = {wall / old['elapsed']:.2f}x "
+          f"today's ({old['elapsed']:.0f}s; goal <= 0.5x)", flush=True)
+    print("  busy time per stage (they overlap; % of the wall time):")
+    for label, busy in sorted(stages.busy.items(), key=lambda kv: -kv[1]):
+        print(f"    {label:28s} {busy:8.1f}s  {100 * busy / wall:5.1f}%")
+    index = KilnIndex.open(kilns["new"], config)
+    try:
+        note = next(iter(sorted(kilns["new"].rglob("*.md"))))
+        note.write_text(note.read_text() + "\nOne more paragraph about the lantern in the harbor.\n")
+        one = index.update()
+    finally:
+        index.close()
+    print(f"  one changed note: {one.elapsed:.2f}s = {100 * one.elapsed / wall:.2f}% of the full build "
+          "(goal <= 2%)", flush=True)
 
 
 def show(label: str, what: str, r: IndexReport) -> None:
@@ -196,7 +497,26 @@ def main() -> int:
                     help="only the search costs, on a kiln indexed before (see --keep)")
     ap.add_argument("--keep", action="store_true",
                     help="build in $CRUCIBLE_DEV_CACHE/bench/ and keep the kilns (else a temp dir)")
+    ap.add_argument("--modes", action="store_true", help="cru mcp while its index builds: thread vs worker")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long --modes calls tools")
+    ap.add_argument("--first-answer", action="store_true", help="cru mcp start -> first search answer")
+    ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
+    ap.add_argument("--compare-old", action="store_true",
+                    help="the whole build, today's code vs this code in one run, with a profile")
     args = ap.parse_args()
+    if args.compare_old:
+        base = cache_dir() / "sessions"
+        base.mkdir(parents=True, exist_ok=True)
+        compare_old(base, args.notes, args.embedder_model)
+        return 0
+    if args.modes or args.first_answer:
+        base = cache_dir() / "sessions"
+        base.mkdir(parents=True, exist_ok=True)
+        if args.first_answer:
+            first_answer(base, args.notes)
+        if args.modes:
+            modes(base, args.notes if args.notes != 10_000 else 2000, args.seconds)
+        return 0
     if args.costs_only:
         search_costs(args.costs_only.name, args.costs_only)
         return 0

@@ -26,11 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from index import REPO, SHARED_KILN, Printer, cache_dir, sync_kiln  # noqa: E402  (bench/index.py)
 
-from crucible.config import Config  # noqa: E402
+from crucible.config import Config, EmbedderConfig  # noqa: E402
 from crucible.kiln import search as S  # noqa: E402
 from crucible.kiln.index import KilnIndex  # noqa: E402
+from crucible.kiln.lexical import LexicalIndex  # noqa: E402
 
 QUERIES = Path(__file__).resolve().parent / "queries.json"
+HARD_QUERIES = Path(__file__).resolve().parent / "queries-hard.json"
+
+
+def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Reciprocal-rank fusion (the default before issue 15), for comparison."""
+    fused: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, path in enumerate(ranking):
+            fused[path] = fused.get(path, 0.0) + 1.0 / (k + rank + 1)
+    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def metrics(ranked: list[str], expected: set[str]) -> tuple[float, float]:
@@ -47,61 +58,177 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return p50 * 1000, p95 * 1000
 
 
-def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_misses: bool) -> None:
-    weights = [1.0, 0.7, 0.5, 0.3, 0.0]
-    names = ["bm25"] + [f"dense w={w}" for w in weights] + [f"hybrid w={w}" for w in weights]
-    names += ["hybrid w=0.3 k=10", "hybrid default", "semantic default"]
+def old_bm25(index: KilnIndex) -> LexicalIndex:
+    """The lexical index as it was before issue 15: title x2, then the chunk texts (no heading,
+    path or field weights), for comparison in the same run."""
+    from crucible.kiln.chunking import chunk_note, note_about
+    from crucible.kiln.lexical import Bm25, tokenize
+    from crucible.kiln.notes import read_note
+
+    lex = LexicalIndex()
+    lex.bm25 = Bm25()
+    for rel in index.lexical().titles:
+        note = read_note(index.root, rel)
+        tokens = tokenize(note.title) * 2
+        chunks = chunk_note(note)
+        for c in chunks[:-1] if note_about(note) else chunks:  # without the newer 'about' chunk
+            tokens.extend(tokenize(c.text))
+        lex.bm25.add(rel, tokens)
+    return lex
+
+
+def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_misses: bool,
+            variants: bool = False) -> dict[str, tuple[float, float]]:
+    """recall@5 and MRR@10 of BM25 (old and new fields), dense (default chunk weight) and the
+    default (hybrid_search), plus, with `variants`, other chunk weights and fusions."""
+    weights = [1.0, 0.7, 0.5, 0.3, 0.0] if variants else [S.CHUNK_WEIGHT]
+    names = ["bm25 (old fields)", "bm25", *(f"dense w={w}" for w in weights)]
+    if variants:
+        names += [f"rrf w={w}" for w in weights]
+    names += ["rrf k=60 (old fusion)", "default (hybrid_search)"]
     scores: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    misses: dict[str, list[str]] = {"hybrid default": [], "bm25": [], "semantic default": []}
+    misses: dict[str, list[str]] = {"default (hybrid_search)": [], "bm25": []}
+    old = old_bm25(index)
     for q in queries:
         text, expected = q["query"], set(q["expected"])
         vec = index.embed_query(text)
+        scores["bm25 (old fields)"].append(metrics([p for p, _ in old.search(text, 10)], expected))
         lexical = [p for p, _ in S.lexical_ranking(index, text, S.FUSION_DEPTH)]
         scores["bm25"].append(metrics(lexical, expected))
         for w in weights:
             dense = [d.path for d, _ in S.dense_ranking(index, vec, S.FUSION_DEPTH, w)]
             scores[f"dense w={w}"].append(metrics(dense, expected))
-            fused = [p for p, _ in S.rrf([dense, lexical])]
-            scores[f"hybrid w={w}"].append(metrics(fused, expected))
-            if w == 0.3:
-                scores["hybrid w=0.3 k=10"].append(
-                    metrics([p for p, _ in S.rrf([dense, lexical], k=10)], expected))
-        for name, fn in (("hybrid default", S.hybrid_search), ("semantic default", S.semantic_search)):
-            got = [r.path for r in fn(index, text, 10)]
-            scores[name].append(metrics(got, expected))
-            if not expected & set(got[:5]):
-                misses[name].append(f"{text!r} -> {got[:3]}")
+            if variants:
+                scores[f"rrf w={w}"].append(metrics([p for p, _ in rrf([dense, lexical])], expected))
+        dense0 = [d.path for d, _ in S.dense_ranking(index, vec, S.FUSION_DEPTH)]
+        scores["rrf k=60 (old fusion)"].append(metrics([p for p, _ in rrf([dense0, lexical])], expected))
+        got = [r.path for r in S.hybrid_search(index, text, 10)]
+        scores["default (hybrid_search)"].append(metrics(got, expected))
+        if not expected & set(got[:5]):
+            misses["default (hybrid_search)"].append(f"{text!r} -> {got[:3]}")
         if not expected & set(lexical[:5]):
             misses["bm25"].append(f"{text!r} -> {lexical[:3]}")
     print(f"\nquality on the {title}: {len(queries)} queries (recall@5, MRR@10):")
+    out = {}
     for name in names:
         r5 = statistics.mean(s[0] for s in scores[name])
         mrr = statistics.mean(s[1] for s in scores[name])
-        print(f"  {name:22s} recall@5 {r5:.3f}  MRR@10 {mrr:.3f}")
+        out[name] = (r5, mrr)
+        print(f"  {name:26s} recall@5 {r5:.3f}  MRR@10 {mrr:.3f}")
     if show_misses:
         for name, items in misses.items():
             if items:
                 print(f"  misses of {name}:")
                 for m in items:
                     print(f"    {m}")
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scale(kilns: list[tuple[str, Path, list[str]]], repeat: int) -> None:
+    """hybrid_search p50/p95 on each kiln (already indexed), with the embedded store and with a
+    `chroma run` server serving the same store folder (goal: p95 on the large kiln <= 3x the
+    small one's)."""
+    import subprocess
+
+    import httpx
+
+    from crucible.config import IndexConfig
+
+    rows: dict[tuple[str, str], tuple[float, float]] = {}
+    for label, kiln, queries in kilns:
+        for store in ("embedded", "server"):
+            server = None
+            config = Config()
+            if store == "server":
+                port = _free_port()
+                server = subprocess.Popen(
+                    [str(Path(sys.executable).parent / "chroma"), "run", "--host", "127.0.0.1", "--port",
+                     str(port), "--path", str(kiln / ".crucible" / "chroma")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                url = f"http://127.0.0.1:{port}"
+                for _ in range(300):
+                    try:
+                        if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                            break
+                    except (OSError, httpx.HTTPError):
+                        pass
+                    time.sleep(0.2)
+                config = Config(index=IndexConfig(url=url))
+            try:
+                index = KilnIndex.open(kiln, config)
+                S.hybrid_search(index, queries[0], 10)  # warm up: model, lexical index
+                samples = []
+                for _ in range(repeat):
+                    for q in queries:
+                        t0 = time.perf_counter()
+                        S.hybrid_search(index, q, 10)
+                        samples.append(time.perf_counter() - t0)
+                rows[(label, store)] = percentiles(samples)
+                print(f"  {label:28s} {store:9s} notes {index.count_notes():6d}  hybrid_search p50 "
+                      f"{rows[(label, store)][0]:7.1f} ms  p95 {rows[(label, store)][1]:7.1f} ms", flush=True)
+                index.close()
+            finally:
+                if server is not None:
+                    server.terminate()
+                    server.wait(10)
+    (small, *_), (big, *_) = kilns[0], kilns[-1]
+    for store in ("embedded", "server"):
+        ratio = rows[(big, store)][1] / rows[(small, store)][1]
+        print(f"  {store}: p95 {big} / {small} = {ratio:.2f}x (goal <= 3x)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--repeat", type=int, default=3, help="latency rounds over the query set")
+    ap.add_argument("--misses", action="store_true", help="list the queries each ranking missed")
+    ap.add_argument("--variants", action="store_true", help="also other chunk weights and fusions")
+    ap.add_argument("--quality-only", action="store_true", help="no held-out set, no latency")
+    ap.add_argument("--scale", metavar="KILN", type=Path,
+                    help="latency on the sample kiln vs KILN (indexed before, e.g. by bench/index.py "
+                         "--compare-old), embedded and through a chroma run server")
+    ap.add_argument("--embedder-model", help="e.g. all-MiniLM-L6-v2-int8 (quality with that embedder)")
     args = ap.parse_args()
     if not SHARED_KILN.is_dir():
         print(f"the sample kiln ../shared/kilns/{SHARED_KILN.name} is not there")
         return 1
-    kiln = cache_dir() / "crucible-docs"
+    kiln = cache_dir() / ("crucible-docs" + (f"-{args.embedder_model}" if args.embedder_model else ""))
     sync_kiln(SHARED_KILN, kiln)
-    index = KilnIndex.open(kiln, Config())
+    config = Config()
+    if args.embedder_model:
+        config = Config(embedder=EmbedderConfig(model=args.embedder_model))
+    if args.scale:
+        index = KilnIndex.open(kiln, config)
+        index.update(progress=Printer("index"))
+        index.close()
+        own = [q["query"] for q in json.loads(QUERIES.read_text())["queries"]]
+        topics = ["lantern harbor", "quartz falcon over the prairie", "glacier river at night",
+                  "violin thunder", "compiler kernel", "orchid pepper recipe", "walnut yarn",
+                  "beacon jetty in the fog", "granite summit", "nebula orbit"] * 5
+        print("\nsearch latency:")
+        scale([("sample kiln", kiln, own), (args.scale.name, args.scale, topics)], args.repeat)
+        return 0
+    index = KilnIndex.open(kiln, config)
     report = index.update(progress=Printer("index"))
     print(f"index: {index.count_notes()} notes, {index.count_chunks()} chunks "
           f"({report.notes_indexed} notes re-indexed now, {report.elapsed:.1f}s)")
     queries = json.loads(QUERIES.read_text())["queries"]
     print(f"queries: {len(queries)}")
-    quality(index, queries, "sample kiln, bench/queries.json", show_misses=True)
+    quality(index, queries, "sample kiln, bench/queries.json (the project's own set)",
+            show_misses=args.misses, variants=args.variants)
+    hard = json.loads(HARD_QUERIES.read_text())["queries"]
+    quality(index, hard, "sample kiln, bench/queries-hard.json (hard: no title words)",
+            show_misses=args.misses, variants=args.variants)
+    if args.quality_only:
+        index.close()
+        return 0
 
     # Held out: the chunk weight and fusion were chosen on the set above; this one (the
     # project's fixture kiln and tests/kiln_core/queries.json) was not looked at for that.
@@ -111,7 +238,7 @@ def main() -> int:
     held.update()
     pairs = json.loads((REPO / "tests" / "kiln_core" / "queries.json").read_text())
     quality(held, [{"query": q["query"], "expected": [q["expected"]]} for q in pairs],
-            "fixture kiln, tests/kiln_core/queries.json (held out)", show_misses=True)
+            "fixture kiln, tests/kiln_core/queries.json (held out)", show_misses=args.misses)
     held.close()
 
     # -- latency ----------------------------------------------------------------------------

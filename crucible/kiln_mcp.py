@@ -1,8 +1,8 @@
 """`cru mcp`: the kiln tools over MCP, and the `KilnBackend` that implements them with
 `crucible.kiln`.
 
-Startup stays light so `initialize` and `tools/list` answer at once: the note parser, the
-index (Chroma, the embedder) and the search modules are imported on first use only.
+Startup stays light so `initialize` and `tools/list` answer at once: the index (Chroma, the
+embedder), the fused search and the watcher are imported on first use only.
 """
 
 from __future__ import annotations
@@ -12,17 +12,35 @@ import datetime as _dt
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+import trio
+
+from crucible import hard_stop
+from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
-from crucible.kiln.paths import KilnNotFoundError, iter_markdown, kiln_sizes, resolve_in_kiln
+from crucible.kiln import filesearch
+from crucible.kiln.atomic import ConcurrentEditError, atomic_write_text, remove_file
+from crucible.kiln.builder import BackgroundIndex, IndexState, StateFn
+from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
+from crucible.kiln.paths import (
+    KilnNotFoundError,
+    iter_markdown,
+    kiln_sizes,
+    resolve_in_kiln,
+    to_rel,
+)
+from crucible.mcp_gateway import build_gateway
+from crucible.permissions import PermissionPolicy, ToolKey
+from crucible.plugins.host import load_all
+from mcp_bridge.gateway import file_root
 from mcp_bridge.kiln_api import (
     ChangeFn,
     EditConflictError,
+    IndexShare,
     KilnError,
     KilnInfo,
     KilnRoot,
@@ -31,12 +49,19 @@ from mcp_bridge.kiln_api import (
     NoteEntry,
     NoteNotFoundError,
     ProgressFn,
+    RankedResults,
     SearchHit,
     WriteOutcome,
 )
-
-if TYPE_CHECKING:
-    from crucible.config import Config
+from mcp_bridge.server import (
+    BridgeHTTP,
+    BridgeServer,
+    RelayError,
+    new_token,
+    relay_stdio,
+    serving_http,
+)
+from mcp_bridge.tools import log_to_stderr
 
 T = TypeVar("T")
 
@@ -69,7 +94,7 @@ class CrucibleKilnBackend:
     def __init__(self, root: Path, config: Config | None = None) -> None:
         self.root = root.resolve()
         self.config = config
-        self._index: Any = None
+        self._background: BackgroundIndex | None = None
         self._index_lock = threading.Lock()
         self._secrets = sorted({str(root), str(self.root), str(Path.home())}, key=len, reverse=True)
 
@@ -85,7 +110,6 @@ class CrucibleKilnBackend:
 
     def _call(self, path: str, func: Callable[[], T]) -> T:
         """Run `func`, turning crucible's errors into the protocol's (kiln-relative) ones."""
-        from crucible.kiln.atomic import ConcurrentEditError
 
         try:
             return func()
@@ -106,8 +130,6 @@ class CrucibleKilnBackend:
     # --- notes ----------------------------------------------------------------------------
 
     def _note_data(self, path: str) -> NoteData:
-        from crucible.kiln.notes import read_note
-
         note = read_note(self.root, path)
         st = resolve_in_kiln(self.root, path, must_exist=True).stat()
         return NoteData(
@@ -128,8 +150,6 @@ class CrucibleKilnBackend:
         return self._call(path, lambda: self._note_data(path))
 
     def _written(self, target: Path, digest: str | None, *, replaced: bool = False) -> WriteOutcome:
-        from crucible.kiln.paths import to_rel
-
         size = target.stat().st_size if target.exists() else 0
         return WriteOutcome(path=to_rel(self.root, target), content_hash=digest, size_bytes=size, replaced=replaced)
 
@@ -137,9 +157,6 @@ class CrucibleKilnBackend:
         self, path: str, body: str, frontmatter: dict[str, Any] | None, *, overwrite: bool
     ) -> WriteOutcome:
         def create() -> WriteOutcome:
-            from crucible.kiln.atomic import atomic_write_text
-            from crucible.kiln.notes import merge_frontmatter
-
             target = resolve_in_kiln(self.root, path, for_write=True)
             existed = target.exists()
             if existed and not overwrite:
@@ -163,9 +180,6 @@ class CrucibleKilnBackend:
         expected_hash: str | None,
     ) -> WriteOutcome:
         def update() -> WriteOutcome:
-            from crucible.kiln.atomic import atomic_write_text
-            from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
-
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
             note = read_note(self.root, path)
             if expected_hash is not None and expected_hash != note.content_hash:
@@ -186,9 +200,6 @@ class CrucibleKilnBackend:
 
     def delete_note(self, path: str, *, expected_hash: str | None) -> WriteOutcome:
         def delete() -> WriteOutcome:
-            from crucible.kiln.atomic import ConcurrentEditError, remove_file
-            from crucible.kiln.paths import to_rel
-
             target = resolve_in_kiln(self.root, path, for_write=True, must_exist=True)
             rel = to_rel(self.root, target)
             try:
@@ -219,57 +230,84 @@ class CrucibleKilnBackend:
 
     # --- search ---------------------------------------------------------------------------
 
+    # The index lives in a BackgroundIndex: opened and brought up to date in the background
+    # from `start_indexing` (called when `cru mcp`, `cru chat` or `cru acp` start) or the first
+    # search, whichever comes first.
+
+    def _indexer(self) -> BackgroundIndex:
+        with self._index_lock:
+            if self._background is None:
+                self._background = BackgroundIndex(self.root, self.config or Config())
+            return self._background
+
+    def start_indexing(self) -> None:
+        """Open the kiln's index and embed what is missing, in the background (returns at once)."""
+        self._indexer().start()
+
+    def index_state(self) -> IndexState:
+        """Where the index is: phase ("opening", "embedding", "waiting", "ready", "failed"...),
+        `embedded` (0..1) and `notes`: what a status bar shows (`indexing 34%`)."""
+        return self._indexer().state()
+
+    def on_index_state(self, fn: StateFn) -> Callable[[], None]:
+        """Call `fn(state)` at each change of `index_state()` (from the indexing thread, at most
+        every ~0.5 s while embedding); returns the function that unsubscribes."""
+        return self._indexer().subscribe(fn)
+
+    def close(self) -> None:
+        """Stop indexing (what was embedded stays) and close the index; bounded (~2 s)."""
+        with self._index_lock:
+            background, self._background = self._background, None
+        if background is not None:
+            background.close()
+
+    @property
+    def _index(self) -> Any:
+        return self._background.index if self._background is not None else None
+
     def index_ready(self) -> bool:
         return self._index is not None
 
     def open_index(self, progress: ProgressFn) -> None:
-        with self._index_lock:
-            if self._index is not None:
-                return
-            from crucible.config import Config
-            from crucible.kiln.index import KilnIndex
+        self._call("", self._indexer().open_index)
 
-            def load() -> Any:
-                index = KilnIndex.open(self.root, self.config or Config())
-                index.update(progress=_progress_adapter(progress))
-                return index
+    def _redacted(self, hits: list[SearchHit]) -> list[SearchHit]:
+        """Snippets quote notes, which may hold the machine's paths: the last safety net."""
+        for hit in hits:
+            hit.snippet = self.redact(hit.snippet)
+        return hits
 
-            self._index = self._call("", load)
-
-    def _hits(self, results: list[Any]) -> list[SearchHit]:
-        return [
-            SearchHit(
-                path=r.path,
-                title=r.title,
-                score=float(r.score),
-                heading=r.heading or None,
-                snippet=self.redact(r.snippet or ""),
-            )
-            for r in results
-        ]
-
-    def semantic_search(self, query: str, limit: int) -> list[SearchHit]:
+    def semantic_search(self, query: str, limit: int) -> RankedResults:
+        # chromadb and the embedder (~1.4 s): loaded by the first search, not at start
         from crucible.kiln import search
 
-        # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-        return self._call(query, lambda: self._hits(search.hybrid_search(self._index, query, limit)))
+        def ranked() -> RankedResults:
+            index = self._indexer().open_index()
+            # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
+            hits = self._redacted(search.hybrid_search(index, query, limit))
+            return RankedResults(results=hits, index=self._share(index))
+
+        return self._call(query, ranked)
+
+    def _share(self, index: Any) -> IndexShare:
+        state = self._indexer().state()
+        if state.phase in ("embedding", "waiting") and state.notes:
+            return IndexShare(embedded=state.embedded, notes=state.notes)
+        embedded, total = index.embedded_share()
+        return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
-        from crucible.kiln import search
-
         return self._call(
-            query, lambda: self._hits(search.text_search(self.root, query, limit, regex, case_sensitive))
+            query, lambda: self._redacted(filesearch.text_search(self.root, query, limit, regex, case_sensitive))
         )
 
     def property_search(
         self, query: str | None, *, key: str | None, value: str | None, tag: str | None, limit: int
     ) -> list[SearchHit]:
-        from crucible.kiln import search
-
         return self._call(
             query or "",
-            lambda: self._hits(
-                search.property_search(self.root, query, key=key, value=value, tag=tag, limit=limit)
+            lambda: self._redacted(
+                filesearch.property_search(self.root, query, key=key, value=value, tag=tag, limit=limit)
             ),
         )
 
@@ -284,8 +322,6 @@ class CrucibleKilnBackend:
         return [KilnRoot(uri="kiln://notes/", name=self.name)]
 
     def kiln_stats(self) -> KilnStats:
-        from crucible.kiln.notes import read_note
-
         sizes = kiln_sizes(self.root)
         tags: set[str] = set()
         links = 0
@@ -320,44 +356,28 @@ class CrucibleKilnBackend:
         index = self._index
         if index is None:
             return {"opened": False}
+        state = self.index_state()
         try:
             status = index.status()
+            share = self._share(index)
         except CrucibleError as exc:
-            return {"opened": True, "error": self.redact(_message(exc))}
-        return {"opened": True, "notes": status.notes, "chunks": status.chunks, "stale": status.stale}
+            return {"opened": True, "phase": state.phase, "error": self.redact(_message(exc))}
+        return {"opened": True, "phase": state.phase, "embedded": share.embedded, "notes": status.notes,
+                "chunks": status.chunks, "stale": status.stale}
 
     # --- changes --------------------------------------------------------------------------
 
     async def watch_changes(self, on_change: ChangeFn, on_armed: Callable[[], None] | None = None) -> None:
         """Changed notes, as the kiln's one watcher sees them; the index (once open) is
         updated before `on_change` hears of them."""
-        import trio
 
+        # watchfiles (~0.15 s): only a session that watches the kiln needs it
         from crucible.kiln.watcher import watch_kiln
 
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(watch_kiln, self.root, lambda: self._index, on_change=on_change))
             if on_armed is not None:
                 on_armed()
-
-
-def _progress_adapter(progress: ProgressFn) -> Callable[[Any], None]:
-    """The index's `IndexProgress` as the protocol's (done, total, message), at most ~4 a second."""
-    last: dict[str, Any] = {"at": 0.0, "phase": ""}
-
-    def report(p: Any) -> None:
-        now = time.monotonic()
-        phase = getattr(p, "phase", "")
-        done = p.chunks_done >= p.chunks_total if phase == "embed" else p.notes_done >= p.notes_total
-        if now - last["at"] < 0.25 and phase == last["phase"] and not done:
-            return
-        last.update(at=now, phase=phase)
-        if phase == "embed":
-            progress(p.chunks_done, p.chunks_total, f"Embedding chunks {p.chunks_done}/{p.chunks_total}")
-        else:
-            progress(p.notes_done, p.notes_total, f"Reading notes {p.notes_done}/{p.notes_total}")
-
-    return report
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -367,13 +387,9 @@ def build_bridge(root: Path, config: Config | None = None, gateway: Any = None, 
     """`cru mcp`'s bridge: the kiln tools, the Lua plugins' tools, the upstreams of `gateway`. The config's
     `[permissions]` deny rules hide tools here too; `ask` is left to the MCP client, which asks
     its own person."""
-    from mcp_bridge.gateway import file_root
-    from mcp_bridge.server import BridgeServer
 
     policy = None
     if config is not None and config.permissions:
-        from crucible.permissions import PermissionPolicy, ToolKey
-
         rules = PermissionPolicy(config_rules=dict(config.permissions))
 
         def policy(name: str) -> Any:
@@ -386,20 +402,14 @@ def build_bridge(root: Path, config: Config | None = None, gateway: Any = None, 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     """`cru mcp [--kiln DIR] [--http | --sse] [--port N]`."""
-    import trio
-
-    from crucible import hard_stop
-    from crucible.config import load_config, resolve_kiln
-    from mcp_bridge.tools import log_to_stderr
 
     if getattr(args, "print_config", None):  # a client's config snippet, not a server
+        # only --print-config writes a client's snippet
         from crucible.mcp_clients import print_config
 
         return print_config(args)
     log_to_stderr()
     if getattr(args, "connect", None):
-        from mcp_bridge.server import RelayError, relay_stdio
-
         token = os.environ.get("CRUCIBLE_BRIDGE_TOKEN", "")
         try:
             trio.run(hard_stop.run_stoppable, relay_stdio, args.connect, token)
@@ -416,28 +426,25 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 async def _serve(root: Path, config: Config, args: argparse.Namespace) -> None:
-    import trio
-
-    from crucible.mcp_gateway import build_gateway
-    from crucible.plugins.host import load_all
-
     gateway = build_gateway(config)
     plugins = await trio.to_thread.run_sync(load_all, config)
     for failed in plugins.failed():
         print(f"cru mcp: plugin {failed.name} not loaded: {failed.reason}", file=sys.stderr)
     async with gateway.running():
         bridge = build_bridge(root, config, gateway, plugins)
-        if args.http or args.sse:
-            await _serve_http(bridge, args.port, "sse" if args.sse else "http")
-        else:
-            await bridge.serve_stdio()
+        # The index opens and builds in the background from the start: the first search answers
+        # at once (by words), not after a build.
+        bridge.backend.start_indexing()
+        try:
+            if args.http or args.sse:
+                await _serve_http(bridge, args.port, "sse" if args.sse else "http")
+            else:
+                await bridge.serve_stdio()
+        finally:
+            bridge.backend.close()  # bounded (~2 s): stops the build, what was embedded stays
 
 
 async def _serve_http(bridge: Any, port: int, transport: str) -> None:
-    import trio
-
-    from mcp_bridge.server import BridgeHTTP, new_token, serving_http
-
     token = os.environ.get(TOKEN_ENV) or new_token()
     async with BridgeHTTP() as app:
         await app.mount(bridge, token=token)

@@ -501,7 +501,10 @@ def search_conversations(store: SessionStore, query: str, limit: int = 10) -> li
     """Every saved conversation, across agents, ranked by BM25 over its title (counted twice)
     and the full text of its transcript; each hit with the line that matched best."""
     # The kiln's lexical search: the same words, stems and stop words as a note search.
-    from crucible.kiln.index import Bm25, tokenize
+    from crucible.kiln.lexical import (  # snowball + ruamel (80 ms): only when searching
+        Bm25,
+        tokenize,
+    )
 
     terms = tokenize(query)
     if not terms:
@@ -525,7 +528,7 @@ def search_conversations(store: SessionStore, query: str, limit: int = 10) -> li
 
 def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
     """The line of `texts` with the most of the `wanted` terms, cut to `width` around the first."""
-    from crucible.kiln.index import tokenize  # the kiln's search stack: only when searching
+    from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
 
     best, best_count = "", 0
     for text in texts:

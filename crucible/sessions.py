@@ -235,6 +235,8 @@ class BridgeHost:
             finally:
                 self.app = self._nursery = None
                 nursery.cancel_scope.cancel()
+                for backend in self._backends.values():
+                    backend.close()  # stops its background indexing (bounded)
 
     def backend(self, kiln: Path, config: Config) -> Any:
         """One kiln backend per kiln per process: sessions share its index and its watcher."""
@@ -243,6 +245,7 @@ class BridgeHost:
         key = _kiln_key(kiln)
         if key not in self._backends:
             backend = CrucibleKilnBackend(key, config)
+            backend.start_indexing()  # in the background: the agent is spawned by now in `cru chat`
             self._backends[key] = backend
             self._bridges[key] = set()
             if self._nursery is not None:

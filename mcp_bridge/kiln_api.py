@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 
 class KilnError(Exception):
@@ -69,14 +70,58 @@ class NoteEntry(_Model):
     modified: str
 
 
+class LineMatch(_Model):
+    line: int  # 1-based
+    text: str
+
+
 class SearchHit(_Model):
-    """One note in a search result (the command-line contract's shape)."""
+    """One note in a search result, from the search itself to the tool and the CLI.
+
+    The tools send the command-line contract's five fields; `line` and `matches` are for the
+    person at `cru kiln search` (`to_json`), so they are left out of the tool's schema."""
 
     path: str
     title: str
     score: float
     heading: str | None = None
     snippet: str
+    line: SkipJsonSchema[int | None] = Field(default=None, exclude=True)  # where the snippet starts
+    matches: SkipJsonSchema[list[LineMatch] | None] = Field(default=None, exclude=True)  # text search
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field that is known (the CLI's `--json`)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.line is not None:
+            data["line"] = self.line
+        if self.matches is not None:
+            data["matches"] = [m.model_dump() for m in self.matches]
+        return data
+
+
+class SearchResults(_Model):
+    results: list[SearchHit]
+
+
+class IndexShare(_Model):
+    """How much of the kiln a ranked search could search by meaning."""
+
+    embedded: float = Field(description="share of the kiln's notes searchable by meaning so far (0-1); "
+                                        "the rest are found by their words while the index builds")
+    notes: int = Field(description="notes in the kiln")
+
+
+class RankedResults(SearchResults):
+    """semantic_search's answer: the notes, and how far the kiln's index is."""
+
+    index: IndexShare
+
+    def summary_line(self) -> str | None:
+        """One line for the text content while the index is incomplete (None once complete)."""
+        if self.index.embedded >= 1.0:
+            return None
+        return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded so "
+                "far; the others were matched by their words only (the index builds in the background).")
 
 
 class KilnInfo(_Model):
@@ -101,7 +146,8 @@ class KilnStats(_Model):
     tags: int = Field(description="distinct tags across all notes")
     links: int = Field(description="wikilinks across all notes")
     last_modified: str | None = Field(description="newest note's modification time, ISO 8601 UTC")
-    index: dict[str, Any] = Field(description="the search index's state; opened only by a search")
+    index: dict[str, Any] = Field(description="the search index's state: opened, phase, embedded share, "
+                                             "notes, chunks, stale notes")
 
 
 ProgressFn = Callable[[float, float | None, str], None]
@@ -145,14 +191,15 @@ class KilnBackend(Protocol):
         ...
 
     def index_ready(self) -> bool:
-        """True once `open_index` has run: searches then answer without loading anything."""
+        """True once the search index is open: searches then answer without loading anything."""
         ...
 
     def open_index(self, progress: ProgressFn) -> None:
-        """Open (and bring up to date) the search index; the first search calls it."""
+        """Open the search index (seconds: searches answer by words at once, and by meaning as
+        the vectors are built in the background); the first search calls it."""
         ...
 
-    def semantic_search(self, query: str, limit: int) -> list[SearchHit]: ...
+    def semantic_search(self, query: str, limit: int) -> RankedResults: ...
 
     def text_search(
         self, query: str, limit: int, *, regex: bool, case_sensitive: bool

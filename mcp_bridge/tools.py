@@ -31,7 +31,9 @@ from mcp_bridge.kiln_api import (
     KilnRoot,
     KilnStats,
     NoteEntry,
+    RankedResults,
     SearchHit,
+    SearchResults,
 )
 
 logger = logging.getLogger("mcp_bridge.tools")
@@ -230,10 +232,14 @@ def error_result(message: str) -> types.CallToolResult:
 
 def model_result(model: BaseModel) -> types.CallToolResult:
     data = model.model_dump(mode="json")
-    return types.CallToolResult(
-        content=[types.TextContent(text=json.dumps(data, ensure_ascii=False))],
-        structured_content=data,
-    )
+    content = [types.TextContent(text=json.dumps(data, ensure_ascii=False))]
+    # A result may add one line for the reader after its JSON (semantic_search: how far the
+    # index is), as a second text block so the first stays the JSON of structuredContent.
+    summary = getattr(model, "summary_line", None)
+    line = summary() if callable(summary) else None
+    if line:
+        content.append(types.TextContent(text=line))
+    return types.CallToolResult(content=list(content), structured_content=data)
 
 
 def _redact(ctx: ToolContext, text: str) -> str:
@@ -382,10 +388,6 @@ class ListNotesResult(BaseModel):
     next_cursor: str | None
 
 
-class SearchResults(BaseModel):
-    results: list[SearchHit]
-
-
 class KilnRootsResult(BaseModel):
     roots: list[KilnRoot]
 
@@ -476,7 +478,8 @@ async def _list_notes(ctx: ToolContext, a: ListNotesArgs) -> ListNotesResult:
 
 
 async def ensure_index(ctx: ToolContext) -> None:
-    """Open the index on the first search, telling the client while it loads."""
+    """Open the index on the first search (seconds: it does not wait for the vectors), telling
+    the client while it loads."""
     kiln = ctx.kiln
     if kiln.index_ready():
         return
@@ -500,8 +503,10 @@ def _finite(hits: list[SearchHit]) -> list[SearchHit]:
     return hits
 
 
-async def _semantic_search(ctx: ToolContext, a: SemanticSearchArgs) -> SearchResults:
-    return SearchResults(results=_finite(await ctx.run(ctx.kiln.semantic_search, a.query, a.limit)))
+async def _semantic_search(ctx: ToolContext, a: SemanticSearchArgs) -> RankedResults:
+    found = await ctx.run(ctx.kiln.semantic_search, a.query, a.limit)
+    found.results = _finite(found.results)
+    return found
 
 
 async def _text_search(ctx: ToolContext, a: TextSearchArgs) -> SearchResults:
@@ -567,7 +572,7 @@ KILN_TOOLS: tuple[ToolSpec, ...] = (
         "semantic_search",
         "Find notes by meaning (semantic and keyword search combined). Returns notes with the "
         "best matching section and a snippet.",
-        SemanticSearchArgs, SearchResults, _semantic_search, read_only=True, idempotent=True,
+        SemanticSearchArgs, RankedResults, _semantic_search, read_only=True, idempotent=True,
         prepare=ensure_index,
     ),
     ToolSpec(

@@ -1,6 +1,9 @@
 """Split a note into chunks by heading sections, with a size cap, for embedding and search.
 
 Each chunk's text starts with "Title > H1 > H2" so an embedding knows where the text sits.
+A note whose frontmatter says what it is about (`description` or `summary`, `aliases`) gets
+one more chunk holding just that: the note's own one-line answer to "what is this for",
+which is how a person searches who does not remember the note's words.
 """
 
 from __future__ import annotations
@@ -146,4 +149,34 @@ def chunk_note(note: Note, max_chars: int = 1500) -> list[Chunk]:
             chunks.append(Chunk(note.path, len(chunks), section.path, text, start, content_hash(text)))
     if not chunks:
         chunks.append(Chunk(note.path, 0, (), note.title, note.body_start_line, content_hash(note.title)))
+    about = note_about(note)
+    if about:
+        text = f"{note.title}\n\n{about}"
+        chunks.append(Chunk(note.path, len(chunks), (), text, _about_line(note), content_hash(text)))
     return chunks
+
+
+ABOUT_KEYS = ("description", "summary")
+
+
+def note_about(note: Note) -> str:
+    """What the note's frontmatter says it is about: its description (or summary) and aliases."""
+    parts = []
+    for key in ABOUT_KEYS:
+        value = note.frontmatter.get(key)
+        if isinstance(value, str) and value.strip():
+            parts.append(" ".join(value.split()))
+            break
+    if note.aliases:
+        parts.append("Also called: " + ", ".join(note.aliases))
+    return "\n".join(parts)
+
+
+def _about_line(note: Note) -> int:
+    """0-based line of the description (or aliases) in the note's text."""
+    lines = note.text.split("\n")[: note.body_start_line]
+    for key in (*ABOUT_KEYS, "aliases", "alias"):
+        for i, line in enumerate(lines):
+            if line.startswith(f"{key}:"):
+                return i
+    return 0

@@ -17,10 +17,11 @@ from typing import Any
 
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
-from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
+from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex, build_status
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import kiln_sizes
-from crucible.kiln.search import DEFAULT_MODE, SearchMode, SearchResult, run_search
+from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
+from mcp_bridge.kiln_api import SearchHit
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
 PLAIN_EVERY = 2.0
@@ -40,9 +41,13 @@ def _print_json(data: Any) -> None:
 # index
 
 
+Shows = tuple[Callable[[IndexProgress], None], Callable[[dict[str, Any] | None], bool]]
+
+
 @contextmanager
-def _progress_bar() -> Iterator[Callable[[IndexProgress], None]]:
+def _progress_bar() -> Iterator[Shows]:
     """A prompt-toolkit progress bar on stderr: notes scanned, then chunks embedded (rate, ETA)."""
+    # prompt_toolkit (~0.15 s): only a terminal shows the bar
     from prompt_toolkit.output import create_output
     from prompt_toolkit.shortcuts import ProgressBar
     from prompt_toolkit.shortcuts.progress_bar import formatters as f
@@ -56,6 +61,18 @@ def _progress_bar() -> Iterator[Callable[[IndexProgress], None]]:
                      output=create_output(stdout=sys.stderr)) as pb:
         counters: dict[str, Any] = {}
 
+        def waiting(status: dict[str, Any] | None) -> bool:
+            """Another cru holds the writer lock: show its progress until it is done."""
+            status = status or {}
+            label = f"waiting for another cru (pid {status.get('pid', '?')})"
+            c = counters.get("wait") or counters.setdefault(
+                "wait", pb(label=label, total=int(status.get("notes_total") or 0) or None))
+            if status.get("notes_total"):
+                c.total = int(status["notes_total"])
+            c.items_completed = int(status.get("notes_done") or 0)
+            pb.invalidate()
+            return True
+
         def show(p: IndexProgress) -> None:
             if p.phase == "scan":
                 c = counters.get("scan") or counters.setdefault("scan", pb(label="notes", total=p.notes_total))
@@ -68,10 +85,11 @@ def _progress_bar() -> Iterator[Callable[[IndexProgress], None]]:
                 c = counters.get("embed") or counters.setdefault(
                     "embed", pb(label="chunks", total=p.chunks_total)
                 )
+                c.total = p.chunks_total
                 c.items_completed = p.chunks_done
             pb.invalidate()
 
-        yield show
+        yield show, waiting
         for c in counters.values():
             if c.total is not None:
                 c.items_completed = c.total
@@ -79,7 +97,7 @@ def _progress_bar() -> Iterator[Callable[[IndexProgress], None]]:
 
 
 @contextmanager
-def _progress_lines() -> Iterator[Callable[[IndexProgress], None]]:
+def _progress_lines() -> Iterator[Shows]:
     """Plain progress lines on stderr, for logs and pipes."""
     state: dict[str, float] = {"last": 0.0, "embed_start": time.monotonic()}
 
@@ -103,7 +121,18 @@ def _progress_lines() -> Iterator[Callable[[IndexProgress], None]]:
                     f"({rate:.1f}/s, eta {eta:.0f}s)")
         print(line, file=sys.stderr, flush=True)
 
-    yield show
+    def waiting(status: dict[str, Any] | None) -> bool:
+        now = time.monotonic()
+        if now - state["last"] >= PLAIN_EVERY:
+            state["last"] = now
+            status = status or {}
+            done = (f": {status['notes_done']}/{status['notes_total']} notes"
+                    if status.get("notes_total") else "")
+            print(f"index: waiting for another cru (pid {status.get('pid', '?')}) that is updating "
+                  f"this kiln's index{done}", file=sys.stderr, flush=True)
+        return True
+
+    yield show, waiting
 
 
 def _summary(report: IndexReport, index: KilnIndex) -> str:
@@ -130,8 +159,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     index = KilnIndex.open(root, config, rebuild=rebuild)
     try:
         progress = _progress_bar if sys.stderr.isatty() else _progress_lines
-        with progress() as show:
-            report = index.update(progress=show, rebuild=rebuild)
+        with progress() as (show, waiting):
+            # One writer per kiln: a session indexing in the background (or another
+            # `cru kiln index`) is waited for, with its progress shown; then this one runs.
+            report = index.update(progress=show, rebuild=rebuild, wait=waiting)
         index.warm_lexical()  # saved under .crucible/: the next search needs no rebuild
         if args.json:
             _print_json(report.to_json())
@@ -146,7 +177,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 # search
 
 
-def _format_result(n: int, r: SearchResult) -> str:
+def _format_result(n: int, r: SearchHit) -> str:
     head = f"{n}. {r.path}"
     if r.title and r.title != Path(r.path).stem:
         head += f" — {r.title}"
@@ -218,11 +249,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         try:
             status = index.status()
+            embedded, notes = index.embedded_share()
         except CrucibleError as exc:
             index_info = {"status": "unusable", "problem": exc.message, "fix": exc.fix}
         else:
             index_info = {"status": "needs rebuild" if status.needs_rebuild else
-                          ("stale" if status.stale else "up to date"), **status.model_dump()}
+                          ("stale" if status.stale else "up to date"), **status.model_dump(),
+                          "embedded": round(embedded / notes, 4) if notes else 1.0,
+                          "building": build_status(root)}
         finally:
             index.close()
     info["index"] = index_info
@@ -237,6 +271,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print(f"index: {index_info['status']}: {index_info['notes']} notes, {index_info['chunks']} "
               f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
+        if index_info["embedded"] < 1.0:
+            print(f"  embedded: {index_info['embedded']:.0%} of the kiln's notes (the others are found "
+                  "by their words only until they are)")
+        building = index_info["building"]
+        if building is not None:
+            done = (f": {building['notes_done']}/{building['notes_total']} notes"
+                    if building.get("notes_total") else "")
+            print(f"  being updated now by another cru (pid {building.get('pid', '?')}){done}")
         if index_info["stale"]:
             print(f"  {index_info['stale']} notes changed since the last index: cru kiln index")
         if index_info["needs_rebuild"]:

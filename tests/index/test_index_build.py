@@ -17,6 +17,7 @@ from index_helpers import write_notes
 from crucible.config import Config, EmbedderConfig, IndexConfig
 from crucible.errors import CrucibleError
 from crucible.kiln import index as index_mod
+from crucible.kiln import store as store_mod
 from crucible.kiln.embedder import MiniLMEmbedder
 from crucible.kiln.index import LOCK_FILE, REBUILD, STORE_DIR, IndexProgress, KilnIndex
 from crucible.kiln.search import hybrid_search, semantic_search
@@ -217,11 +218,11 @@ def test_store_errors_become_messages_with_the_fix(tiny_kiln: Path) -> None:
     without the kiln's absolute path. (Chroma's own store did not surface a lock held by an
     outside SQLite connection in practice, hence the raised error here.)"""
     with pytest.raises(CrucibleError) as err:
-        with index_mod._store_errors(tiny_kiln, STORE_DIR, "updating it"):
+        with store_mod.store_errors(tiny_kiln, STORE_DIR, "updating it"):
             raise sqlite3.OperationalError("database is locked")
     assert "locked by another process" in err.value.message and REBUILD in (err.value.fix or "")
     with pytest.raises(CrucibleError) as err:
-        with index_mod._store_errors(tiny_kiln, STORE_DIR, "reading it"):
+        with store_mod.store_errors(tiny_kiln, STORE_DIR, "reading it"):
             raise RuntimeError(f"no such table in {tiny_kiln}/.crucible/chroma/chroma.sqlite3")
     assert "damaged" in err.value.message and err.value.fix == REBUILD
     assert str(tiny_kiln) not in str(err.value)
@@ -282,7 +283,7 @@ def test_interrupted_update_resumes_without_reembedding(tiny_kiln: Path, opened:
     ix = open_index(tiny_kiln, opened)
     ix.update()
     # The state a kill leaves mid-update: chunk rows written, the notes' rows (the manifest) not.
-    ix._notes.delete(ids=["Cooking/Pasta.md", "Links.md"])
+    ix.chroma.notes.delete(ids=["Cooking/Pasta.md", "Links.md"])
     assert ix.status().stale == 2
     report = ix.update()
     assert (report.notes_indexed, report.chunks_embedded, report.chunks_reused) == (2, 0, 4)

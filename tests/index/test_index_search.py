@@ -12,7 +12,8 @@ import pytest
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
-from crucible.kiln.index import Bm25, KilnIndex, tokenize
+from crucible.kiln.index import KilnIndex
+from crucible.kiln.lexical import Bm25, LexicalIndex, tokenize
 from crucible.kiln.search import (
     hybrid_search,
     property_search,
@@ -100,6 +101,17 @@ def test_text_search_literal_regex_case(tiny_kiln: Path) -> None:
     assert "invalid regular expression" in err.value.message
 
 
+def test_text_search_gives_up_on_a_runaway_regex(tiny_kiln: Path) -> None:
+    (tiny_kiln / "Trap.md").write_text("a" * 40 + "!\n")
+    # exponential on Python's re; other notes have lines ending in "a"
+    assert "Trap.md" not in [h.path for h in text_search(tiny_kiln, "(a+)+$", regex=True)]
+    with pytest.raises(CrucibleError) as err:
+        text_search(tiny_kiln, "(a|aa)+$", regex=True, time_budget=0.5)
+    assert "took more than 0.5 s" in err.value.message and "simplify" in (err.value.fix or "")
+    # the same syntax as Python's re, Unicode words included
+    assert text_search(tiny_kiln, r"(?<=al )dente\b", regex=True)[0].path == "Cooking/Pasta.md"
+
+
 def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path) -> None:
     (tiny_kiln / "bin.md").write_bytes(b"\x00\x01 leaves leaves")
     (tiny_kiln / "More.md").write_text("leaves\nleaves again\nno\n")
@@ -159,7 +171,7 @@ def test_snippet_centres_on_the_query() -> None:
 def test_lexical_index_is_saved_and_follows_other_processes(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crucible.kiln import index as index_mod
+    from crucible.kiln import store as store_mod
 
     def no_chroma_reads(*args: object, **kwargs: object) -> None:
         raise AssertionError("the BM25 index was rebuilt from Chroma instead of loaded")
@@ -179,7 +191,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
 
         b = fresh()
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert b.lexical_search("spaghetti", 3)[0][0] == "Cooking/Pasta.md"
 
         (tiny_kiln / "Links.md").write_text("# Linking notes\n\nZeppelins float over the harbour.\n")
@@ -189,7 +201,7 @@ def test_lexical_index_is_saved_and_follows_other_processes(
         assert a.lexical_search("wikilinks", 3) == []
         # b patched its index along and saved it: a third process loads it as it is
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert fresh().lexical_search("zeppelin", 3)[0][0] == "Links.md"
 
         # a watcher-style update is saved when the index closes
@@ -198,19 +210,22 @@ def test_lexical_index_is_saved_and_follows_other_processes(
         b.close()
         handles.remove(b)
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_pages", no_chroma_reads)
+            m.setattr(store_mod, "pages", no_chroma_reads)
             assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
 
-        saved.write_text("{ not json")  # a damaged saved index is rebuilt from Chroma
-        assert fresh().lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
-        assert json.loads(saved.read_text())["format"] == 1
+        saved.write_text("{ not json")  # a damaged saved index is rebuilt from the notes
+        rebuilt = fresh()
+        assert rebuilt.lexical_search("coffee worms", 3)[0][0] == "Garden/Compost.md"
+        rebuilt.close()  # and saved (by close, off the first search's path)
+        handles.remove(rebuilt)
+        assert json.loads(saved.read_text())["format"] == LexicalIndex.FORMAT  # written again
     finally:
         for h in handles:
             h.close()
 
 
 def test_property_search_reuses_what_it_parsed(tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from crucible.kiln import search as search_mod
+    from crucible.kiln import filesearch as search_mod
 
     def new_process() -> None:
         monkeypatch.setattr(search_mod, "_stores", {})

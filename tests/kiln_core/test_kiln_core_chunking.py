@@ -7,6 +7,7 @@ from pathlib import Path
 
 from crucible.kiln.atomic import content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
+from crucible.kiln.lexical import note_fields
 from crucible.kiln.notes import parse_note, read_note
 from crucible.kiln.paths import iter_markdown
 
@@ -114,8 +115,20 @@ def test_fixture_kiln_chunks(fixture_kiln_src: Path) -> None:
         ("Designing Data-Intensive Applications", "Chapter 3: Storage and retrieval"),
         ("Designing Data-Intensive Applications", "Chapter 5: Replication"),
         ("Designing Data-Intensive Applications", "Chapter 7: Transactions"),
+        (),  # what the frontmatter says it is about: its aliases here
     ]
     assert "write skew" in ddia[2].text
+    assert ddia[3].text == "Designing Data-Intensive Applications\n\nAlso called: DDIA"
+    assert ddia[3].start_line == 2  # the aliases line (0-based)
+
+
+def test_about_chunk_from_the_description(tmp_path: Path) -> None:
+    (tmp_path / "n.md").write_text("---\ndescription: >\n  How to keep\n  bread alive\n---\n# Starter\n\nFeed it.\n")
+    chunks = chunk_note(read_note(tmp_path, "n.md"))
+    assert [c.text for c in chunks] == ["Starter\n\nFeed it.", "Starter\n\nHow to keep bread alive"]
+    assert chunks[1].start_line == 1 and chunks[1].heading_path == ()
+    (tmp_path / "plain.md").write_text("# Plain\n\nNo frontmatter.\n")
+    assert len(chunk_note(read_note(tmp_path, "plain.md"))) == 1
 
 
 def test_query_set_points_at_existing_notes(fixture_kiln_src: Path) -> None:
@@ -125,3 +138,11 @@ def test_query_set_points_at_existing_notes(fixture_kiln_src: Path) -> None:
     for q in queries:
         assert set(q) == {"query", "expected"}
         assert q["expected"] in notes, q
+
+
+def test_about_is_a_lexical_field_too() -> None:
+    folded = note_fields("---\ndescription: >\n  How to keep\n  bread alive\nstatus: x\n---\n# Starter\n", "n.md")
+    assert folded.about.split() == ["How", "to", "keep", "bread", "alive"]
+    quoted = note_fields('---\nsummary: "Keep it fed" # why\naliases:\n  - levain\n---\nbody\n', "n.md")
+    assert quoted.about.split() == ["Keep", "it", "fed", "-", "levain"]
+    assert note_fields("# Plain\n\nNo frontmatter.\n", "p.md").about == ""

@@ -23,6 +23,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from mcp_bridge.kiln_api import (
     ChangeFn,
+    IndexShare,
     KilnError,
     KilnInfo,
     KilnRoot,
@@ -31,6 +32,7 @@ from mcp_bridge.kiln_api import (
     NoteEntry,
     NoteNotFoundError,
     ProgressFn,
+    RankedResults,
     SearchHit,
     WriteOutcome,
 )
@@ -213,9 +215,11 @@ class FakeBackend:
         progress(1, 2, "loading")
         self.opened = True
 
-    def semantic_search(self, query: str, limit: int) -> list[SearchHit]:
-        return [SearchHit(path=p, title=p, score=1.0, heading=None, snippet=t[:20])
-                for p, t in list(self.notes.items())[:limit]]
+    def semantic_search(self, query: str, limit: int) -> RankedResults:
+        return RankedResults(
+            results=[SearchHit(path=p, title=p, score=1.0, heading=None, snippet=t[:20])
+                     for p, t in list(self.notes.items())[:limit]],
+            index=IndexShare(embedded=1.0, notes=len(self.notes)))
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
         return [SearchHit(path=p, title=p, score=1.0, snippet=query) for p, t in self.notes.items() if query in t]

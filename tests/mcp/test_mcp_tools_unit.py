@@ -12,6 +12,7 @@ from conftest import FakeBackend, texts
 from mcp.client.client import Client
 from pydantic import BaseModel
 
+from mcp_bridge.kiln_api import IndexShare, RankedResults
 from mcp_bridge.server import BridgeServer, ToolEvent
 from mcp_bridge.tools import KILN_TOOLS, NoArgs, ToolContext, ToolSpec, input_schema
 
@@ -191,13 +192,30 @@ async def test_first_semantic_search_reports_progress_while_the_index_opens() ->
         r = await client.call_tool("semantic_search", {"query": "alpha", "limit": 1}, progress_callback=on_progress)
         assert not r.is_error and backend.opened
         assert r.structured_content == {"results": [
-            {"path": "A.md", "title": "A.md", "score": 1.0, "heading": None, "snippet": "# A\nalpha\n"}]}
-        assert json.loads(texts(r)) == r.structured_content
+            {"path": "A.md", "title": "A.md", "score": 1.0, "heading": None, "snippet": "# A\nalpha\n"}],
+            "index": {"embedded": 1.0, "notes": 2}}
+        assert json.loads(texts(r)) == r.structured_content  # complete index: no extra line
         first = len(seen)
         await client.call_tool("semantic_search", {"query": "alpha"}, progress_callback=on_progress)
     assert first >= 3 and seen[0][2] == "Opening the kiln's search index (first search)"
     assert (1.0, 2.0, "loading") in seen
     assert len(seen) == first  # the second search loads nothing
+
+
+async def test_a_partial_index_says_so_in_one_line() -> None:
+    class Partial(FakeBackend):
+        def semantic_search(self, query: str, limit: int) -> RankedResults:
+            found = super().semantic_search(query, limit)
+            found.index = IndexShare(embedded=0.34, notes=10000)
+            return found
+
+    async with Client(BridgeServer(Partial()).server, mode="legacy") as client:
+        r = await client.call_tool("semantic_search", {"query": "alpha", "limit": 1})
+    assert not r.is_error and r.structured_content is not None
+    assert r.structured_content["index"] == {"embedded": 0.34, "notes": 10000}
+    first, line = [c.text for c in r.content if isinstance(c, types.TextContent)]
+    assert json.loads(first) == r.structured_content
+    assert line.startswith("Index: 34% of the kiln's 10000 notes are embedded so far;")
 
 
 def test_no_arg_schema_is_never_empty() -> None:

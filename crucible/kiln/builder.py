@@ -1,0 +1,330 @@
+"""The kiln's index, kept up to date in the background while a session serves.
+
+`BackgroundIndex.start()` returns at once. Its thread opens the index (the vector store and
+the lexical index, which is read from the files in seconds), then embeds whatever is missing:
+in that thread (`mode="thread"`), or in a worker process at low CPU priority
+(`mode="process"`, `python -m crucible.kiln.builder`) whose writes this process follows.
+Searches use the index as soon as it is open: words first, vectors as they come.
+
+Resumable: the update writes a group of notes at a time and the next one re-embeds only
+what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
+one group. One writer per kiln: another process's update is waited for (and read around).
+
+The state (`state()`, and `subscribe(fn)` to hear of each change, called from the indexing
+thread) is what a status bar or a notice shows: phase, the embedded share, the note count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from crucible.config import Config
+from crucible.errors import CrucibleError
+
+log = logging.getLogger(__name__)
+
+BuildMode = Literal["thread", "process"]
+# Measured in bench/index.py (--modes): see the note there and the README.
+DEFAULT_MODE: BuildMode = "process"
+MODE_ENV = "CRUCIBLE_INDEX_MODE"
+# The worker's CPU priority: the agent and the session's own calls come first.
+WORKER_NICE = 10
+# State changes heard at most this often while embedding (the first and last always).
+NOTIFY_EVERY = 0.5
+
+Phase = Literal["starting", "opening", "waiting", "embedding", "ready", "failed", "stopped"]
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """Where the kiln's index is. `embedded`: the share of notes whose vectors are stored and
+    current (0..1); `notes`: readable notes in the kiln (0 until the index is open)."""
+
+    phase: Phase
+    embedded: float = 0.0
+    notes: int = 0
+    problem: str | None = None  # why it failed, or whom it waits for
+
+    @property
+    def searchable(self) -> bool:
+        return self.phase in ("waiting", "embedding", "ready", "stopped")
+
+
+StateFn = Callable[[IndexState], None]
+
+
+def _mode(mode: BuildMode | None) -> BuildMode:
+    wanted = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
+    return "thread" if wanted == "thread" else "process"
+
+
+class BackgroundIndex:
+    """One kiln's index for a process: opened and brought up to date in the background."""
+
+    def __init__(self, root: Path, config: Config, *, mode: BuildMode | None = None) -> None:
+        self.root = root
+        self.config = config
+        self.mode = _mode(mode)
+        self._index: Any = None  # KilnIndex once open (imported in the thread: Chroma is heavy)
+        self._error: CrucibleError | None = None
+        self._opened = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._worker: subprocess.Popen[str] | None = None
+        self._state = IndexState("starting")
+        self._state_lock = threading.Lock()
+        self._listeners: list[StateFn] = []
+        self._notified = 0.0
+
+    # -- for the owner -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start opening and building (once; later calls do nothing)."""
+        with self._state_lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="kiln-index", daemon=True)
+        self._thread.start()
+
+    def open_index(self) -> Any:
+        """The open KilnIndex (starting if needed, waiting while it opens); its CrucibleError
+        if it cannot be opened."""
+        self.start()
+        self._opened.wait()
+        if self._error is not None:
+            raise self._error
+        return self._index
+
+    @property
+    def index(self) -> Any:
+        """The KilnIndex if it is open, else None (never waits)."""
+        return self._index if self._opened.is_set() else None
+
+    def state(self) -> IndexState:
+        with self._state_lock:
+            return self._state
+
+    def subscribe(self, fn: StateFn) -> Callable[[], None]:
+        """Call `fn(state)` on each change (from the indexing thread: make it thread-safe).
+        Returns the function that unsubscribes."""
+        with self._state_lock:
+            self._listeners.append(fn)
+
+        def unsubscribe() -> None:
+            with self._state_lock:
+                if fn in self._listeners:
+                    self._listeners.remove(fn)
+
+        return unsubscribe
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop building (what was written stays) and close the index, within `timeout`."""
+        self._stop.set()
+        worker = self._worker
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._index is not None and (self._thread is None or not self._thread.is_alive()):
+            self._index.close()
+
+    # -- the indexing thread ---------------------------------------------------------------------
+
+    def _set(self, force: bool = False, **changes: Any) -> None:
+        with self._state_lock:
+            self._state = replace(self._state, **changes)
+            state = self._state
+            listeners = list(self._listeners)
+            now = time.monotonic()
+            if not force and state.phase == "embedding" and now - self._notified < NOTIFY_EVERY:
+                return
+            self._notified = now
+        for fn in listeners:
+            try:
+                fn(state)
+            except Exception:  # a listener's bug must not stop the index
+                log.exception("index state listener failed")
+
+    def _share(self) -> tuple[float, int]:
+        embedded, total = self._index.embedded_share()
+        return (round(embedded / total, 4) if total else 1.0), total
+
+    def _run(self) -> None:
+        try:
+            self._set(phase="opening", force=True)
+            # chromadb (~1 s): in this thread, not at start
+            from crucible.kiln.index import KilnIndex
+
+            index = KilnIndex.open(self.root, self.config)
+            index.lexical()  # read from the files: searchable from here on
+            self._index = index
+            self._opened.set()
+            index.save_lexical()  # after: the first search need not wait for it
+            share, notes = self._share()
+            self._set(phase="embedding", embedded=share, notes=notes, force=True)
+            if self.mode == "thread":
+                self._build_here()
+            else:
+                self._build_in_worker()
+            if self._stop.is_set():
+                self._set(phase="stopped", force=True)
+                return
+            share, notes = self._share()
+            self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+        except CrucibleError as exc:
+            self._fail(exc)
+        except Exception as exc:  # the thread's boundary: say it, never kill the session
+            log.exception("the kiln's index failed")
+            self._fail(CrucibleError(f"the kiln's index failed ({type(exc).__name__}: {exc})",
+                                     "cru kiln index"))
+        finally:
+            self._opened.set()
+
+    def _fail(self, exc: CrucibleError) -> None:
+        if self._index is None:
+            self._error = exc
+        self._set(phase="failed", problem=exc.message, force=True)
+
+    def _waiting(self, status: dict[str, Any] | None) -> bool:
+        other = f"another cru (pid {status.get('pid')})" if status and status.get("pid") else "another cru"
+        self._set(phase="waiting", problem=f"{other} is updating the index",
+                  embedded=float((status or {}).get("embedded", self._state.embedded)))
+        return not self._stop.is_set()
+
+    def _build_here(self) -> None:
+        def progress(_: Any) -> None:
+            share, notes = self._share()
+            self._set(phase="embedding", embedded=share, notes=notes, problem=None)
+
+        try:
+            self._index.update(progress=progress, wait=self._waiting, stop=self._stop)
+        except CrucibleError:
+            if not self._stop.is_set():
+                raise
+
+    def _build_in_worker(self) -> None:
+        """Run the update in `python -m crucible.kiln.builder` and follow its progress lines;
+        then bring this process's view of the store up to date and take the notes changed
+        meanwhile (the watcher queued them)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "crucible.kiln.builder", "--kiln", str(self.root)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        self._worker = proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        errors: list[str] = []
+        drain = threading.Thread(target=_collect, args=(proc.stderr, errors), daemon=True)
+        drain.start()
+        try:
+            # The config on stdin (it may hold an embedder's key: never in argv), then the pipe
+            # stays open: the worker stops when it closes (this process gone).
+            proc.stdin.write(self.config.model_dump_json() + "\n")
+            proc.stdin.flush()
+            for line in proc.stdout:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if "waiting" in msg:
+                    self._waiting(msg["waiting"])
+                elif "embedded" in msg:
+                    self._set(phase="embedding", embedded=float(msg["embedded"]),
+                              notes=int(msg.get("notes", self._state.notes)), problem=None)
+                elif "error" in msg:
+                    errors.append(str(msg["error"]))
+        finally:
+            code = proc.wait()
+            drain.join(2)
+            self._worker = None
+        if code != 0 and not self._stop.is_set():
+            raise CrucibleError(
+                errors[-1] if errors else f"the indexing worker stopped (exit status {code})",
+                "cru kiln index",
+            )
+        if not self._stop.is_set():
+            self._index.follow_store()
+            self._index.update_paths([])  # the notes changed while the worker ran
+
+
+def _collect(stream: IO[str], into: list[str]) -> None:
+    for line in stream:
+        into.append(line.rstrip())
+        del into[:-20]
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+
+
+def _worker_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m crucible.kiln.builder")
+    ap.add_argument("--kiln", required=True, type=Path)
+    args = ap.parse_args(argv)
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+    config = Config.model_validate_json(sys.stdin.readline())
+    stop = threading.Event()
+
+    def parent_watch() -> None:  # stdin closes when the parent goes, however it goes
+        sys.stdin.read()
+        stop.set()
+        time.sleep(2)  # a group being written gets this long to finish
+        os._exit(0)
+
+    threading.Thread(target=parent_watch, daemon=True).start()
+
+    def say(msg: dict[str, Any]) -> None:
+        print(json.dumps(msg), flush=True)
+
+    from crucible.kiln.index import KilnIndex  # chromadb (~1 s): after the parent heard we started
+
+    try:
+        index = KilnIndex.open(args.kiln, config)
+        last = 0.0
+
+        def progress(_: Any) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last >= NOTIFY_EVERY:
+                last = now
+                embedded, total = index.embedded_share()
+                say({"embedded": round(embedded / total, 4) if total else 1.0, "notes": total})
+
+        def waiting(status: dict[str, Any] | None) -> bool:
+            say({"waiting": status or {}})
+            return not stop.is_set()
+
+        try:
+            report = index.update(progress=progress, wait=waiting, stop=stop)
+            embedded, total = index.embedded_share()
+            say({"embedded": round(embedded / total, 4) if total else 1.0, "notes": total,
+                 "done": report.to_json()})
+        finally:
+            index.close()
+    except CrucibleError as exc:
+        say({"error": exc.message})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,406 @@
+"""Text and property search: they read the notes themselves, no index needed.
+
+Every function blocks and returns one `SearchHit` per note, best first. Paths are kiln-relative.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crucible.errors import CrucibleError
+from crucible.kiln.atomic import atomic_write_text
+from crucible.kiln.notes import (
+    MAX_NOTE_BYTES,
+    Note,
+    NoteReadError,
+    decode_note_bytes,
+    parse_note,
+    split_frontmatter,
+)
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown
+from mcp_bridge.kiln_api import LineMatch, SearchHit
+
+SNIPPET_CHARS = 300
+MAX_LIMIT = 100
+# How long one text search may spend matching a regular expression (the tool timeout is 30 s).
+REGEX_BUDGET = 10.0
+
+
+def check_query(query: str, limit: int) -> None:
+    if not query.strip():
+        raise CrucibleError("the search query is empty", "give some words to search for")
+    check_limit(limit)
+
+
+def check_limit(limit: int) -> None:
+    if limit < 1 or limit > MAX_LIMIT:
+        raise CrucibleError(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+
+
+def _stem(path: str) -> str:
+    return Path(path).stem
+
+
+# Parsed notes are cached by (mtime, size) so repeated calls cost a stat per note.
+
+
+@dataclass
+class _Cached:
+    stamp: tuple[int, int]
+    text: str | None  # None: not a readable text note
+    note: Note | None = None
+
+
+class _NoteCache:
+    def __init__(self) -> None:
+        self._entries: dict[str, _Cached] = {}
+        self._lock = threading.Lock()
+
+    def get(self, root: Path, rel: str) -> _Cached:
+        path = root / rel
+        key = str(path)
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            return _Cached((0, 0), None)
+        with self._lock:
+            cached = self._entries.get(key)
+        if cached is not None and cached.stamp == stamp:
+            return cached
+        text: str | None = None
+        if st.st_size <= MAX_NOTE_BYTES:
+            try:
+                text = decode_note_bytes(path.read_bytes(), rel)
+            except (OSError, NoteReadError):
+                text = None
+        cached = _Cached(stamp, text)
+        with self._lock:
+            self._entries[key] = cached
+        return cached
+
+    def note(self, root: Path, rel: str) -> Note | None:
+        cached = self.get(root, rel)
+        if cached.text is None:
+            return None
+        if cached.note is None:
+            cached.note = parse_note(cached.text, rel)
+        return cached.note
+
+
+_cache = _NoteCache()
+
+
+# Property search needs every note's frontmatter and tags; parsing YAML is ~1 ms a note, so
+# what it found is also saved per kiln in .crucible/properties.json (by mtime and size) and a
+# new process re-parses only the notes that changed.
+
+PROPERTIES_FILE = f"{RESERVED_DIR}/properties.json"
+
+
+@dataclass
+class _Props:
+    stamp: tuple[int, int]
+    title: str
+    frontmatter: dict[str, Any]
+    tags: list[str]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)
+
+
+class _PropertyStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.lock = threading.Lock()
+        self.entries: dict[str, _Props] = {}
+        self.dirty = False
+        try:
+            data = json.loads((root / PROPERTIES_FILE).read_text(encoding="utf-8"))
+            if data.get("format") == 1:
+                for rel, (mtime, size, title, fm, tags) in data["notes"].items():
+                    self.entries[str(rel)] = _Props((int(mtime), int(size)), str(title), dict(fm),
+                                                    [str(t) for t in tags])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self.entries = {}  # none yet, or damaged: parsed again
+
+    def get(self, rel: str) -> _Props | None:
+        try:
+            st = (self.root / rel).stat()
+        except OSError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        props = self.entries.get(rel)
+        if props is not None and props.stamp == stamp:
+            return props
+        note = _cache.note(self.root, rel)
+        if note is None:
+            return None
+        props = _Props(stamp, note.title, _jsonable(note.frontmatter), list(note.tags))
+        self.entries[rel] = props
+        self.dirty = True
+        return props
+
+    def save(self, present: set[str]) -> None:
+        for gone in set(self.entries) - present:
+            del self.entries[gone]
+            self.dirty = True
+        if not self.dirty:
+            return
+        data = {"format": 1, "notes": {
+            rel: [p.stamp[0], p.stamp[1], p.title, p.frontmatter, p.tags] for rel, p in self.entries.items()
+        }}
+        try:
+            (self.root / RESERVED_DIR).mkdir(exist_ok=True)
+            atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False))
+            self.dirty = False
+        except OSError:
+            pass  # a read-only kiln: parsed again next time
+
+
+_stores: dict[Path, _PropertyStore] = {}
+_stores_lock = threading.Lock()
+
+
+def _property_store(root: Path) -> _PropertyStore:
+    with _stores_lock:
+        store = _stores.get(root)
+        if store is None:
+            store = _stores[root] = _PropertyStore(root)
+        return store
+
+
+def _notes_text(root: Path) -> Iterator[tuple[str, str]]:
+    root = Path(root).resolve()
+    for rel in iter_markdown(root):
+        text = _cache.get(root, rel).text
+        if text is not None:
+            yield rel, text
+
+
+def _compile(query: str, regex: bool, case_sensitive: bool) -> Any:
+    import regex as rx  # ~30 ms: only a regex query pays for it
+
+    flags = rx.MULTILINE | rx.VERSION0 | (0 if case_sensitive else rx.IGNORECASE)
+    try:
+        return rx.compile(query if regex else rx.escape(query), flags)
+    except rx.error as exc:
+        raise CrucibleError(
+            f"invalid regular expression {query!r}: {exc}",
+            "fix the pattern, or search for the literal text without regex",
+        ) from None
+
+
+def text_search(
+    root: Path, query: str, limit: int = 10, regex: bool = False, case_sensitive: bool = False,
+    *, time_budget: float = REGEX_BUDGET,
+) -> list[SearchHit]:
+    """Notes whose text contains `query` (literal, or a Python regular expression with
+    `regex=True`), most matching lines first; each with its matching lines and numbers.
+
+    Patterns run on the `regex` module, not `re`: it gives up at a deadline (a pattern like
+    `(a|aa)+$` backtracks for ages on a long run of `a`s) and releases the GIL while it
+    matches, so the server's other calls go on meanwhile. Same syntax as `re`."""
+    check_query(query, limit)
+    pattern = _compile(query, regex, case_sensitive)
+    deadline = time.monotonic() + time_budget
+
+    def search(text: str) -> Any:
+        try:
+            return pattern.search(text, timeout=max(0.001, deadline - time.monotonic()))
+        except TimeoutError:
+            raise CrucibleError(
+                f"the regular expression {query[:100]!r} took more than {time_budget:g} s to match "
+                "the notes, so the search was stopped",
+                "simplify it: nested repetition such as (a+)+ or (a|aa)+ can take forever to "
+                "fail; or search for the literal text without regex",
+            ) from None
+
+    root = Path(root).resolve()
+    hits: list[tuple[str, list[LineMatch]]] = []
+    for rel, text in _notes_text(root):
+        if not search(text):
+            continue
+        lines = [
+            LineMatch(line=i + 1, text=line.strip()[:SNIPPET_CHARS])
+            for i, line in enumerate(text.splitlines())
+            if search(line)
+        ]
+        if not lines:  # a match across lines (regex with \n): report where it starts
+            m = search(text)
+            assert m is not None
+            n = text.count("\n", 0, m.start())
+            lines = [LineMatch(line=n + 1, text=text.splitlines()[n].strip()[:SNIPPET_CHARS])]
+        hits.append((rel, lines))
+    hits.sort(key=lambda h: (-len(h[1]), h[0]))
+    results = []
+    for rel, lines in hits[:limit]:
+        note = _cache.note(root, rel)
+        first = lines[0]
+        results.append(SearchHit(
+            path=rel, title=note.title if note else _stem(rel), score=float(len(lines)),
+            heading=_heading_at(note, first.line) if note else None, snippet=first.text,
+            line=first.line, matches=lines[:20],
+        ))
+    return results
+
+
+def _heading_at(note: Note, line: int) -> str | None:
+    """The heading path ("H1 > H2") of the section holding 1-based `line`."""
+    stack: list[tuple[int, str]] = []
+    for h in note.headings:
+        if h.line + 1 > line:
+            break
+        while stack and stack[-1][0] >= h.level:
+            stack.pop()
+        stack.append((h.level, h.text))
+    return " > ".join(t for _, t in stack) or None
+
+
+# -- property search ---------------------------------------------------------------------------
+
+
+def _parse_property_query(query: str) -> tuple[str | None, str | None, str | None]:
+    """"#tag" / "tag:x" -> tag; "key:value" or "key=value" -> key and value; else a word that
+    may be a key, a value or a tag."""
+    q = query.strip()
+    if q.startswith("#"):
+        return None, None, q[1:]
+    m = re.match(r"^([^:=\s]+)\s*[:=]\s*(.*)$", q)
+    if m:
+        key, value = m.group(1), m.group(2).strip()
+        if key.lower() in ("tag", "tags"):
+            return None, None, value.lstrip("#")
+        return key, value or None, None
+    return None, None, None
+
+
+def _scalars(value: Any) -> list[str]:
+    if isinstance(value, list | tuple | set):
+        return [s for v in value for s in _scalars(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    return [str(value)]
+
+
+def _tag_match(want: str, tags: list[str]) -> list[str]:
+    w = want.lower().lstrip("#")
+    return [t for t in tags if t.lower() == w or t.lower().startswith(w + "/")]
+
+
+def _fm_lines(text: str, keys: set[str]) -> tuple[str, int | None]:
+    """The frontmatter lines of `keys` (for the snippet) and the first one's 1-based number."""
+    yaml_text, _, _ = split_frontmatter(text)
+    if yaml_text is None:
+        return "", None
+    out: list[str] = []
+    first: int | None = None
+    lines = yaml_text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^([^\s:#][^:]*):", line)
+        if m and m.group(1).strip().lower() in keys:
+            if first is None:
+                first = i + 2  # the frontmatter starts after the opening "---" line
+            out.append(line.strip())
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t", "-"))):
+                out.append(lines[j].strip())
+                j += 1
+    return " ".join(out), first
+
+
+def property_search(
+    root: Path, query: str | None = None, *, key: str | None = None, value: str | None = None,
+    tag: str | None = None, limit: int = 10,
+) -> list[SearchHit]:
+    """Notes by frontmatter and tags. `key` alone: notes that have the key; with `value`: whose
+    value (or one of whose list items) equals it, case-insensitively; `tag`: notes with the tag
+    or a nested one (`project` finds `project/crucible`), frontmatter or inline. `query` is a
+    shorthand: "#tag", "tag:x", "key:value", "key=value", or a bare word matched against keys,
+    values and tags. Given together, all conditions must hold."""
+    q_key, q_value, q_tag = _parse_property_query(query) if query else (None, None, None)
+    word = query.strip() if query and not (q_key or q_tag) else None
+    key, value, tag = key or q_key, value or q_value, tag or q_tag
+    if not (key or value or tag or word):
+        raise CrucibleError(
+            "property search needs a key, a value, a tag or a query",
+            'e.g. query "status:draft", "#project", or key="status" value="draft"',
+        )
+    check_limit(limit)
+    root = Path(root).resolve()
+    store = _property_store(root)
+    with store.lock:
+        return _property_matches(root, store, key, value, tag, word, limit)
+
+
+def _property_matches(
+    root: Path, store: _PropertyStore, key: str | None, value: str | None, tag: str | None,
+    word: str | None, limit: int,
+) -> list[SearchHit]:
+    results: list[SearchHit] = []
+    listed: set[str] = set()
+    complete = True
+    for rel in iter_markdown(root):
+        if len(results) >= limit:
+            complete = False
+            break
+        listed.add(rel)
+        note = store.get(rel)
+        if note is None:
+            continue
+        fm = {str(k): v for k, v in note.frontmatter.items()}
+        fm_lower = {k.lower(): v for k, v in fm.items()}
+        keys: set[str] = set()
+        tags_hit: list[str] = []
+        if key is not None:
+            if key.lower() not in fm_lower:
+                continue
+            if value is not None and value.lower() not in [
+                s.lower() for s in _scalars(fm_lower[key.lower()])
+            ]:
+                continue
+            keys.add(key.lower())
+        elif value is not None:
+            keys |= {k for k, v in fm_lower.items() if value.lower() in [s.lower() for s in _scalars(v)]}
+            if not keys:
+                continue
+        if tag is not None:
+            tags_hit = _tag_match(tag, note.tags)
+            if not tags_hit:
+                continue
+        if word is not None:
+            w = word.lower()
+            keys |= {k for k, v in fm_lower.items() if k == w or w in [s.lower() for s in _scalars(v)]}
+            tags_hit = _tag_match(w, note.tags)
+            if not keys and not tags_hit:
+                continue
+        text, line = _fm_lines(_cache.get(root, rel).text or "", keys)
+        if tags_hit:
+            text = (text + " " if text else "") + "tags: " + ", ".join(f"#{t}" for t in tags_hit)
+        results.append(SearchHit(
+            path=rel, title=note.title, score=1.0, heading=None, snippet=text[:SNIPPET_CHARS],
+            line=line,
+        ))
+    if complete:
+        store.save(listed)  # forgets deleted notes too
+    elif store.dirty:
+        store.save(set(store.entries))
+    return results

@@ -1,0 +1,288 @@
+"""Issue 15: search from the first second. A partial index answers by words with the embedded
+share; an update stopped (or killed -9) midway resumes without re-embedding what was written;
+a session's background build and `cru kiln index` share one kiln (one writer, no lock errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+from index_helpers import write_notes
+from mcp.client.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+from crucible.config import Config
+from crucible.kiln.builder import BackgroundIndex
+from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
+from crucible.kiln.search import hybrid_search
+
+TOPICS = ["harbour", "glacier", "violin", "compiler", "orchard", "falcon", "lantern", "quarry"]
+
+
+def many_notes(n: int) -> dict[str, str]:
+    """`n` short notes (one chunk each), each with a word of its own."""
+    return {
+        f"batch-{i // 50:02d}/note-{i:04d}.md":
+            f"# Note {i}\n\nAbout the {TOPICS[i % len(TOPICS)]} and the word uniqueword{i}.\n"
+        for i in range(n)
+    }
+
+
+class CountingEmbedder:
+    """The real built-in embedder, counting the texts it is asked to embed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        self.texts = 0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+def counting(index: KilnIndex) -> CountingEmbedder:
+    embedder = CountingEmbedder(index.embedder)
+    index.embedder = embedder  # type: ignore[assignment]
+    return embedder
+
+
+def test_a_partial_index_answers_by_words_and_says_how_far_it_is(tiny_kiln: Path) -> None:
+    ix = KilnIndex.open(tiny_kiln, Config())
+    try:
+        assert ix.embedded_share() == (0, 3)
+        # Nothing embedded yet: the words alone answer, with the section and line from the file.
+        hit = hybrid_search(ix, "chili flakes", 3)[0]
+        assert (hit.path, hit.heading, hit.line) == ("Cooking/Pasta.md", "Pasta night > Sauce", 11)
+        assert hit.snippet.startswith("Garlic, olive oil") and hit.title == "Pasta night"
+        # One note embedded: found by meaning, the others still by their words.
+        ix.update_paths(["Garden/Compost.md"])
+        assert ix.embedded_share() == (1, 3)
+        assert hybrid_search(ix, "rotting vegetable waste into soil", 1)[0].path == "Garden/Compost.md"
+        assert hybrid_search(ix, "wikilinks", 1)[0].path == "Links.md"
+        ix.update()
+        assert ix.embedded_share() == (3, 3)
+        (tiny_kiln / "Links.md").write_text("# Linking notes\n\nNew words: zeppelin.\n")
+        ix.update_paths(["Links.md"])
+        assert ix.embedded_share() == (3, 3)
+    finally:
+        ix.close()
+
+
+def test_a_stopped_update_resumes_without_reembedding(tmp_path: Path) -> None:
+    root = tmp_path / "kiln"
+    write_notes(root, many_notes(100))  # 4 groups of notes
+    ix = KilnIndex.open(root, Config())
+    embedder = counting(ix)
+    stop = threading.Event()
+
+    def progress(p: IndexProgress) -> None:
+        if p.phase == "embed" and p.notes_done >= 32:  # the first group is embedded
+            stop.set()
+
+    report = ix.update(progress=progress, stop=stop)
+    assert report.stopped and 0 < report.notes_indexed < 100
+    embedded_first = embedder.texts
+    assert ix.embedded_share() == (report.notes_indexed, 100)
+    ix.close()
+
+    again = KilnIndex.open(root, Config())
+    embedder = counting(again)
+    try:
+        report = again.update()
+        assert not report.stopped and report.notes_unchanged == 100 - report.notes_indexed
+        assert embedder.texts == report.chunks_embedded == 100 - embedded_first  # nothing twice
+        assert again.count_chunks() == again.count_notes() == 100
+        assert again.embedded_share() == (100, 100)
+    finally:
+        again.close()
+
+
+def test_kill_9_midway_then_a_restart_embeds_only_what_was_missing(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "kiln"
+    write_notes(root, many_notes(400))
+    proc = subprocess.Popen([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    status = root / STATUS_FILE
+    try:
+        # The writer's status file says how many notes are embedded; two groups embedded means
+        # the first is written (the pipeline writes a group while it embeds the next).
+        for _line in proc.stderr:  # progress lines come as it works: a bounded wait on them
+            try:
+                done = json.loads(status.read_text()).get("notes_done", 0)
+            except (OSError, ValueError):
+                continue
+            if done >= 64:
+                break
+        assert proc.poll() is None, "the update ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stderr.close()
+
+    ix = KilnIndex.open(root, Config())
+    stored = ix.count_chunks()
+    ix.close()
+    assert 0 < stored < 400
+
+    done = subprocess.run([cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    # Every chunk written before the kill is kept: only the others are embedded now.
+    assert report["chunks_embedded"] == 400 - stored
+    ix = KilnIndex.open(root, Config())
+    try:
+        assert ix.count_chunks() == ix.count_notes() == 400 and ix.status().stale == 0
+    finally:
+        ix.close()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any) -> None:
+    states: list[str] = []
+    ready = threading.Event()
+
+    def heard(state: Any) -> None:
+        states.append(state.phase)
+        if state.phase in ("ready", "failed"):
+            ready.set()
+
+    background = BackgroundIndex(tiny_kiln, Config(), mode=mode)
+    background.subscribe(heard)
+    background.start()
+    try:
+        index = background.open_index()  # open (searchable by words) before it is embedded
+        assert hybrid_search(index, "compost heap", 1)[0].path == "Garden/Compost.md"
+        assert ready.wait(300), states
+        state = background.state()
+        assert (state.phase, state.embedded, state.notes) == ("ready", 1.0, 3), state
+        assert states[0] == "opening" and "embedding" in states
+        assert index.embedded_share() == (3, 3)
+        assert hybrid_search(index, "rotting kitchen scraps", 1)[0].path == "Garden/Compost.md"
+    finally:
+        background.close()
+
+
+# --- through `cru mcp` -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def stalled_embedder() -> Iterator[str]:
+    """An OpenAI-style embedding server on 127.0.0.1 that accepts and never answers: a build
+    that cannot progress, so the index stays at 0% for as long as the test looks."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def _config(env: dict[str, str], text: str) -> None:
+    path = Path(env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _texts(result: Any) -> list[str]:
+    return [c.text for c in result.content if getattr(c, "type", "") == "text"]
+
+
+async def test_cru_mcp_answers_at_once_from_words_with_the_embedded_share(
+    cru_bin: str, clean_env: dict[str, str], tmp_kiln: Path, stalled_embedder: str
+) -> None:
+    _config(clean_env, f'[embedder]\nprovider = "openai"\nmodel = "m"\nurl = "{stalled_embedder}"\n')
+    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(tmp_kiln)], env=clean_env)
+    async with Client(params, mode="legacy") as c:
+        with trio.fail_after(60):  # nothing is ever embedded: the answer cannot wait for it
+            r = await c.call_tool("semantic_search", {"query": "sourdough starter", "limit": 3})
+        assert not r.is_error, _texts(r)
+        sc = r.structured_content
+        assert sc is not None and sc["index"] == {"embedded": 0.0, "notes": 33}
+        assert sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
+        as_json, line = _texts(r)
+        assert json.loads(as_json) == sc
+        assert line.startswith("Index: 0% of the kiln's 33 notes are embedded so far")
+        r = await c.call_tool("get_kiln_stats", {})
+        assert r.structured_content is not None
+        assert r.structured_content["index"]["phase"] == "embedding"
+
+
+async def test_a_session_and_cru_kiln_index_share_the_kiln(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "kiln"
+    write_notes(root, many_notes(500))
+    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
+    async with Client(params, mode="legacy") as c:
+        async def phase() -> dict[str, Any]:
+            r = await c.call_tool("get_kiln_stats", {})
+            assert r.structured_content is not None
+            return dict(r.structured_content["index"])
+
+        with trio.fail_after(120):  # the session's background build holds the writer lock
+            while not (build_status(root) or {}).get("notes_total"):  # noqa: ASYNC110 - a file
+                await trio.sleep(0.1)
+        assert (await phase())["phase"] == "embedding"
+        # `cru kiln info` shows the state: the share embedded so far and who is building
+        info = await trio.run_process([cru_bin, "kiln", "info", "--kiln", str(root), "--json"], env=clean_env,
+                                      capture_stdout=True, capture_stderr=True, check=False)
+        assert info.returncode == 0, info.stderr.decode()
+        index = json.loads(info.stdout)["index"]
+        assert index["building"]["pid"] != os.getpid() and index["building"]["notes_total"] == 500
+        assert 0.0 <= index["embedded"] < 1.0
+        # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
+        other = await trio.run_process(
+            [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
+            capture_stdout=True, capture_stderr=True, check=False)
+        err = other.stderr.decode()
+        assert other.returncode == 0, err
+        assert "waiting for another cru (pid" in err and "locked" not in err
+        assert json.loads(other.stdout)["notes_seen"] == 500
+        # the session searched throughout and ends with the whole kiln embedded
+        with trio.fail_after(120):
+            while (state := await phase()).get("phase") != "ready":  # noqa: ASYNC110 - seen by asking
+                await trio.sleep(0.1)
+        assert state["embedded"] == 1.0 and state["notes"] == 500
+        r = await c.call_tool("semantic_search", {"query": "uniqueword123", "limit": 1})
+        assert r.structured_content is not None
+        assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
+        assert r.structured_content["index"] == {"embedded": 1.0, "notes": 500}
+    assert not [p for p in os.listdir(root / ".crucible") if p.endswith(".json") and "build" in p]
