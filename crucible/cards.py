@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml.error import YAMLError
 
 from crucible.bounded_load import BoundedLoadError, load_yaml
+from crucible.config import Config, ConfigError, _interpolate, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.permissions import Rule, normalize_rule
 from mcp_bridge import BRIDGE_NAME
@@ -152,9 +153,8 @@ class Card(BaseModel):
         filled in from `env` (default: this process's environment). An http/sse server for an
         agent that did not advertise that transport in `mcpCapabilities` is an error, not a
         warning: the card's instructions count on those tools."""
+        # acp.schema (~0.5 s): only when a session starts, not for `cru cards list`
         from acp.schema import EnvVariable, HttpHeader, HttpMcpServer, McpServerStdio, SseMcpServer
-
-        from crucible.config import ConfigError, _interpolate
 
         env = os.environ if env is None else env
         mcp_caps = getattr(capabilities, "mcp_capabilities", None)
@@ -322,8 +322,6 @@ def get_card(name: str, kiln: Path | None = None, project: Path | None = None,
 
 def _kiln_for(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     """(the kiln whose cards to read, or None and why not)."""
-    from crucible.config import Config, load_config, resolve_kiln
-
     config_error: str | None = None
     try:
         config = load_config(getattr(args, "config", None))

@@ -14,6 +14,18 @@ from typing import Any
 
 import trio
 
+from acp_host.process import AgentStartError
+from acp_host.registry import (
+    BUILTINS,
+    AgentRegistryError,
+    auth_hint,
+    fetch_on_run,
+    install_hint,
+    known_names,
+    resolve_agent,
+)
+from crucible.agent_install import cmd_agents_registry
+from crucible.config import Config, config_path, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.start_failures import agent_env, agent_kind, sandbox_problem
 
@@ -67,9 +79,7 @@ def logged_in(name: str, env: dict[str, str] | None = None) -> bool | None:
 
 async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentReport:
     """Start the agent, send initialize, and stop it: does it speak ACP?"""
-    from acp_host.client import connect_agent
-    from acp_host.process import AgentStartError
-    from acp_host.registry import BUILTINS, auth_hint, fetch_on_run, install_hint
+    from acp_host.client import connect_agent  # acp.schema (~0.5 s): only when an agent is probed
 
     report = AgentReport(spec.name, spec.found, spec.display(), spec.source)
     if not spec.found:
@@ -119,8 +129,6 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
 
 
 def _specs(args: argparse.Namespace, *, defaults: bool = False) -> list[Any]:
-    from acp_host.registry import AgentRegistryError, known_names, resolve_agent
-    from crucible.config import Config, load_config
 
     config = Config() if defaults else load_config(getattr(args, "config", None))
     specs = []
@@ -155,7 +163,6 @@ def _print_agents(reports: list[AgentReport]) -> None:
 
 def cmd_agents(args: argparse.Namespace) -> int:
     if getattr(args, "registry", None):  # the ACP registry's agents, not the ones configured here
-        from crucible.agent_install import cmd_agents_registry
 
         return cmd_agents_registry(args)
     reports = trio.run(_probe_all, _specs(args))
@@ -182,7 +189,6 @@ def _tool_version(command: str) -> str | None:
 
 
 def _checks(args: argparse.Namespace) -> list[Check]:
-    from crucible.config import config_path, load_config, resolve_kiln
 
     checks: list[Check] = []
     path = config_path(getattr(args, "config", None))
@@ -227,8 +233,9 @@ def _checks(args: argparse.Namespace) -> list[Check]:
 
 def _mcp_checks(args: argparse.Namespace) -> list[Check]:
     """Each upstream MCP server of the config, started: up with its tools, or why not."""
-    from crucible.config import load_config
-    from crucible.mcp_gateway import probe
+    from crucible.mcp_gateway import (
+        probe,  # the mcp SDK's clients: only when servers are configured
+    )
 
     try:
         config = load_config(getattr(args, "config", None))
@@ -251,8 +258,7 @@ def _mcp_checks(args: argparse.Namespace) -> list[Check]:
 
 def _plugin_checks(args: argparse.Namespace) -> list[Check]:
     """Each Lua plugin: loaded with its tools, or why it failed."""
-    from crucible.config import load_config
-    from crucible.plugins.host import load_all
+    from crucible.plugins.host import load_all  # lupa and the mcp types: only for the plugins check
 
     try:
         config = load_config(getattr(args, "config", None))

@@ -9,11 +9,13 @@ Host and Origin headers checked against loopback names.
 
 from __future__ import annotations
 
+import fcntl
 import hmac
 import logging
 import math
 import os
 import secrets
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -23,6 +25,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 import mcp_types as types
+import trio
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.session import ServerSession
@@ -493,7 +496,7 @@ class BridgeServer:
 
     async def serve_stdio(self) -> None:
         """Serve one client on this process's stdin/stdout until it closes."""
-        from mcp.server.stdio import stdio_server
+        from mcp.server.stdio import stdio_server  # the stdio transport: only when serving on stdio
 
         async with anyio.create_task_group() as tg, _native_stdio() as native:
             self.expect_watcher()
@@ -545,11 +548,6 @@ async def _native_stdio() -> AsyncIterator[tuple[Any, Any] | None]:
     would reach the shell); else None, and the SDK's own are used. As the SDK does, fd 0 and
     1 point at /dev/null and stderr while serving, so a stray print or a child process cannot
     write into the protocol, and are restored after."""
-    import fcntl
-    import stat
-
-    import trio
-
     def is_pipe(fd: int) -> bool:
         try:
             mode = os.fstat(fd).st_mode
@@ -696,6 +694,7 @@ class BridgeHTTP:
     async def mount(self, bridge: BridgeServer, *, token: str, base: str = "", watch: bool = True) -> Mount:
         """Serve `bridge` under `base` for requests bearing `token`. `watch=False` when several
         bridges share one backend and another mount already forwards its changes."""
+        # the SDK's HTTP transports (starlette): only a bridge served over HTTP needs them
         from mcp.server.sse import SseServerTransport
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
@@ -796,7 +795,7 @@ async def serving_http(
     app: BridgeHTTP, *, port: int = 0, host: str = "127.0.0.1"
 ) -> AsyncIterator[int]:
     """Serve `app` with hypercorn's trio worker on loopback; yields the bound port."""
-    import trio
+    # hypercorn: only a bridge served over HTTP needs it
     from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve
 
@@ -828,7 +827,7 @@ class RelayError(Exception):
 
 
 async def _preflight(http: Any, url: str) -> None:
-    import httpx2
+    import httpx2  # the relay's HTTP client: only `cru mcp --connect`
 
     try:
         response = await http.get(url, headers={"Accept": "text/event-stream"})
@@ -844,6 +843,7 @@ async def _preflight(http: Any, url: str) -> None:
 async def relay_stdio(url: str, token: str) -> None:
     """A stdio MCP server that relays every message to a streamable-HTTP endpoint (a session's
     bridge) and back, so a stdio-only client reaches the same bridge as the HTTP agents."""
+    # the relay's HTTP client and the stdio server: only `cru mcp --connect`
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
     from mcp.server.stdio import stdio_server
