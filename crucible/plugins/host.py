@@ -177,10 +177,11 @@ def _inspect(entry: Path, source: str) -> PluginInfo | None:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """plugin.yaml, bounded: at most 64 KiB, no anchors or aliases, nested at most 8 levels, a
-    mapping at the top. (A small stand-in until the security helper's bounded loader is in.)"""
-    from ruamel.yaml import YAML  # a manifest is read only for a plugin folder (ruamel is ~50 ms)
-    from ruamel.yaml.error import YAMLError  # (as above)
-    from ruamel.yaml.events import (  # (as above)
+    mapping at the top. Stricter than crucible.bounded_load (four plain fields need no alias);
+    loaded with its bounded parser all the same."""
+    # ruamel (~50 ms): a manifest is read only for a plugin folder
+    from ruamel.yaml.error import YAMLError
+    from ruamel.yaml.events import (
         AliasEvent,
         CollectionEndEvent,
         CollectionStartEvent,
@@ -190,7 +191,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if len(raw) > MANIFEST_MAX:
         raise ValueError(f"larger than {MANIFEST_MAX // 1024} KiB")
     text = raw.decode("utf-8", "replace")
-    yaml = YAML(typ="safe", pure=True)
+    from crucible.bounded_load import BoundedLoadError, bounded_yaml  # ruamel, as above
+
+    yaml = bounded_yaml("safe")
     try:
         depth = 0
         for event in yaml.parse(text):
@@ -203,6 +206,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
             elif isinstance(event, CollectionEndEvent):
                 depth -= 1
         data = yaml.load(text)
+    except BoundedLoadError as exc:
+        raise ValueError(str(exc)) from None
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
