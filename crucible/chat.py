@@ -182,7 +182,9 @@ class _HeadlessRun:
             from crucible.renderers import printer_for
 
             self.printer = printer_for(self.fmt)
-            async with BridgeHost().running() as host, open_session(opts, host, process=process) as session:
+            # One turn: no background embedding (the vector store stays unloaded unless searched).
+            async with BridgeHost(index_early=False).running() as host, \
+                    open_session(opts, host, process=process) as session:
                 self.session = session
                 pipeline = Pipeline(session, [self.printer])
                 for warning in session.warnings:

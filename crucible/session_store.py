@@ -453,9 +453,8 @@ def when_text(ts: float) -> str:
 def _try_lock(folder: Path) -> IO[bytes] | None:
     """The entry's lock (in its folder, which exists), held until closed; None when another
     process holds it."""
-    fh = open(folder / ".lock", "ab")  # noqa: SIM115 - held for the writer's life
+    fh = open_private(folder / ".lock", "ab")  # held for the writer's life
     try:
-        os.chmod(folder / ".lock", 0o600)
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()

@@ -213,9 +213,14 @@ def _kiln_key(kiln: Path) -> Path:
 
 class BridgeHost:
     """The process's one streamable-HTTP endpoint serving every session's bridge, and one
-    kiln watcher per kiln (keeping the index fresh and telling every bridge of changes)."""
+    kiln watcher per kiln (keeping the index fresh and telling every bridge of changes).
 
-    def __init__(self) -> None:
+    `index_early`: start embedding each kiln in the background as its first session opens
+    (`cru chat`, `cru acp`); `cru chat -p`'s one turn leaves it to the first search, which
+    answers from the lexical index and whatever is embedded."""
+
+    def __init__(self, *, index_early: bool = True) -> None:
+        self.index_early = index_early
         self.app: BridgeHTTP | None = None
         self.port: int | None = None
         self._backends: dict[Path, Any] = {}
@@ -245,7 +250,8 @@ class BridgeHost:
         key = _kiln_key(kiln)
         if key not in self._backends:
             backend = CrucibleKilnBackend(key, config)
-            backend.start_indexing()  # in the background: the agent is spawned by now in `cru chat`
+            if self.index_early:
+                backend.start_indexing()  # in the background: the agent is spawned by now in `cru chat`
             self._backends[key] = backend
             self._bridges[key] = set()
             if self._nursery is not None:

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.real_agent]
 
 
 def claude_pids(home: str) -> list[int]:
-    """Processes running with this test's private HOME (claude-agent-acp and its CLI), not
-    counting `cru acp -a claude` itself and its network-namespace wrapper."""
+    """Claude's processes (claude-agent-acp and its CLI, by their program) running with this
+    test's private HOME; not `cru acp -a claude` itself nor cru's own helpers, which live as
+    long as cru does by design (its watchdog, acp_host.reaper; the kiln's index worker)."""
     import os
     from pathlib import Path
 
@@ -31,7 +32,9 @@ def claude_pids(home: str) -> list[int]:
                 state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if f"HOME={home}".encode() in environ and state != "Z" and b"\0acp\0-a\0claude" not in cmdline:
+            program = b" ".join(cmdline.split(b"\0")[:2])
+            if f"HOME={home}".encode() in environ and state != "Z" and b"claude" in program \
+                    and b"\0acp\0-a\0claude" not in cmdline:
                 found.append(int(entry))
     return found
 

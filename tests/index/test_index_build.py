@@ -4,6 +4,7 @@ damaged stores, an embedder switch, and a real `chroma run` server."""
 from __future__ import annotations
 
 import fcntl
+import os
 import pathlib
 import sqlite3
 from collections.abc import Iterator
@@ -125,6 +126,14 @@ def test_bad_input_is_reported_and_indexing_goes_on(
         return real_open(self, *args, **kwargs)
 
     monkeypatch.setattr(pathlib.Path, "open", guarded_open)
+    real_os_open = os.open  # notes are read through an opened folder (O_NOFOLLOW): refuse there too
+
+    def guarded_os_open(name: Any, *args: Any, **kwargs: Any) -> int:
+        if os.path.basename(os.fsdecode(name)) == "locked.md":
+            raise PermissionError(13, "Permission denied", os.fsdecode(name))
+        return real_os_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", guarded_os_open)
     ix = open_index(tiny_kiln, opened)
     report = ix.update()
     skipped = dict(report.skipped)

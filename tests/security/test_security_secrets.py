@@ -68,7 +68,8 @@ def test_session_files_are_private(chat: Any) -> None:
     (folder,) = list((data / "sessions").iterdir())
     assert _mode(data) == FOLDER_MODE and _mode(data / "sessions") == FOLDER_MODE and _mode(folder) == FOLDER_MODE
     files = sorted(p.name for p in folder.iterdir())
-    assert files == ["events.jsonl", "session.json", "transcript.md"]
+    # .lock: held while a cru writes the entry (a conversation open in two cru at once)
+    assert files == [".lock", "events.jsonl", "session.json", "transcript.md"]
     assert all(_mode(folder / name) == FILE_MODE for name in files)
 
 
