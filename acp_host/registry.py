@@ -1,8 +1,8 @@
 """Which ACP agent to run, and how: built-in agents, discovery on PATH, config profiles.
 
-Built-ins (`BUILTINS`): claude (`claude-agent-acp`, else `npx -y @zed-industries/claude-agent-acp`),
+Built-ins (`BUILTINS`): claude (`claude-agent-acp`, else `npx -y @agentclientprotocol/claude-agent-acp`),
 opencode (`opencode acp`), gemini (`gemini --acp`), codex (`codex-acp`, else
-`npx -y @zed-industries/codex-acp`).
+`npx -y @agentclientprotocol/codex-acp`).
 
 Profiles come from the host's config as a mapping name -> profile, where a profile is a dict
 or any object with `command`, `args`, `env`, `extends` (a pydantic model works: only the
@@ -107,10 +107,13 @@ class BuiltinAgent:
     auth: str
 
 
+# The adapters' npm packages moved from @zed-industries to @agentclientprotocol; the old names
+# stay on npm at old versions (claude-agent-acp 0.23.1 answers the prompt after a cancel with
+# the cancelled turn's stale end, then stays one answer behind: claude-agent-acp#551).
 BUILTINS: dict[str, BuiltinAgent] = {
     b.name: b
     for b in (
-        BuiltinAgent("claude", "claude-agent-acp", (), "@zed-industries/claude-agent-acp", True,
+        BuiltinAgent("claude", "claude-agent-acp", (), "@agentclientprotocol/claude-agent-acp", True,
                      "run `claude /login` (the Claude Code CLI: npm install -g @anthropic-ai/claude-code), "
                      "or set ANTHROPIC_API_KEY"),
         BuiltinAgent("opencode", "opencode", ("acp",), "opencode-ai", False,
@@ -118,7 +121,7 @@ BUILTINS: dict[str, BuiltinAgent] = {
         BuiltinAgent("gemini", "gemini", ("--acp",), "@google/gemini-cli", False,
                      "set GEMINI_API_KEY (a key from https://aistudio.google.com/apikey), "
                      "or run `gemini` once and log in with Google"),
-        BuiltinAgent("codex", "codex-acp", (), "@zed-industries/codex-acp", True,
+        BuiltinAgent("codex", "codex-acp", (), "@agentclientprotocol/codex-acp", True,
                      "run `codex login`, or set OPENAI_API_KEY"),
     )
 }

@@ -105,7 +105,7 @@ def test_inspecting_agents_starts_no_npx_and_makes_no_network_call(
         "npx was started: " + (tmp_path / "npx-starts.log").read_text())
     assert counter.count == 0, f"{counter.count} connection(s) to the registry/proxy"
     assert not (tmp_path / "npm-cache").exists() or not any((tmp_path / "npm-cache").rglob("*.tgz"))
-    for package in ("@zed-industries/claude-agent-acp", "@zed-industries/codex-acp"):
+    for package in ("@agentclientprotocol/claude-agent-acp", "@agentclientprotocol/codex-acp"):
         # what npx would fetch, the command that would fetch it, and the install command
         assert f"would first download the npm package {package}" in res.stdout, res.stdout
         assert f"{tmp_path}/bin/npx -y {package}" in res.stdout
@@ -123,7 +123,7 @@ def test_doctor_json_says_what_npx_would_fetch(npx_env: dict[str, str], counter:
     res = _cru(cru_bin, "doctor", "--kiln", str(fixture_kiln_src), "--json", env=npx_env)
     data = json.loads(res.stdout)
     agents = {a["name"]: a for a in data["agents"]}
-    assert agents["claude"]["would_fetch"] == "npm package @zed-industries/claude-agent-acp"
+    assert agents["claude"]["would_fetch"] == "npm package @agentclientprotocol/claude-agent-acp"
     assert agents["claude"]["speaks_acp"] is None  # not probed
     assert agents["opencode"]["would_fetch"] is None and agents["opencode"]["found"] is False
     assert counter.count == 0

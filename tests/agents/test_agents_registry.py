@@ -47,9 +47,9 @@ def test_builtins_found_on_path_run_with_their_acp_arguments(tmp_path: Path) -> 
 def test_claude_and_codex_fall_back_to_npx_when_not_on_path(tmp_path: Path) -> None:
     path = _bin_dir(tmp_path, "npx")
     claude = resolve_agent("claude", path=path)
-    assert claude.argv == [f"{path}/npx", "-y", "@zed-industries/claude-agent-acp"]
+    assert claude.argv == [f"{path}/npx", "-y", "@agentclientprotocol/claude-agent-acp"]
     assert claude.found and "npx" in claude.source
-    assert resolve_agent("codex", path=path).argv == [f"{path}/npx", "-y", "@zed-industries/codex-acp"]
+    assert resolve_agent("codex", path=path).argv == [f"{path}/npx", "-y", "@agentclientprotocol/codex-acp"]
 
 
 def test_a_missing_builtin_without_fallback_is_reported_not_found(tmp_path: Path) -> None:
@@ -170,10 +170,10 @@ def test_agent_command_is_split_like_a_shell() -> None:
 
 
 def test_hints_name_the_install_and_login_commands() -> None:
-    assert install_hint("claude") == "npm install -g @zed-industries/claude-agent-acp"
+    assert install_hint("claude") == "npm install -g @agentclientprotocol/claude-agent-acp"
     assert install_hint("opencode") == "npm install -g opencode-ai"
     assert install_hint("gemini") == "npm install -g @google/gemini-cli"
-    assert install_hint("codex") == "npm install -g @zed-industries/codex-acp"
+    assert install_hint("codex") == "npm install -g @agentclientprotocol/codex-acp"
     assert "--agent-command" in install_hint("mine")
     assert "claude /login" in auth_hint("claude") and "ANTHROPIC_API_KEY" in auth_hint("claude")
     assert "GEMINI_API_KEY" in auth_hint("gemini")
@@ -185,8 +185,8 @@ def test_hints_name_the_install_and_login_commands() -> None:
 def test_fetch_on_run_names_what_a_package_runner_would_download() -> None:
     from acp_host.registry import fetch_on_run
 
-    assert fetch_on_run(["/usr/bin/npx", "-y", "@zed-industries/claude-agent-acp"]) == \
-        "npm package @zed-industries/claude-agent-acp"
+    assert fetch_on_run(["/usr/bin/npx", "-y", "@agentclientprotocol/claude-agent-acp"]) == \
+        "npm package @agentclientprotocol/claude-agent-acp"
     assert fetch_on_run(["npx", "--yes", "--package", "@google/gemini-cli@1.2.3", "gemini", "--acp"]) == \
         "npm package @google/gemini-cli@1.2.3"
     assert fetch_on_run(["bunx", "opencode-ai", "acp"]) == "npm package opencode-ai"
