@@ -198,6 +198,10 @@ class Bm25:
     def length(self, doc_id: str) -> int:
         return self._doc_len.get(doc_id, 0)
 
+    def vocabulary(self) -> Iterable[str]:
+        """Every term of the documents (a live view: copy it before the index changes)."""
+        return self._postings.keys()
+
     def remove(self, doc_id: str) -> None:
         terms = self._doc_terms.pop(doc_id, None)
         if terms is None:
