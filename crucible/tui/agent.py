@@ -182,7 +182,7 @@ class AgentLoop:
         if session.resumed_natively and not has_resume:
             return  # session/load: the replay is in the event stream
         store = ui.opts.store
-        events = await trio.to_thread.run_sync(lambda: saved_events(store.events(resumed)))
+        events = await trio.to_thread.run_sync(lambda: saved_events(store.conversation_events(resumed)))
         ui.feed.add_notice(f"── history (saved session {resumed}) ──", "class:history")
         ui.feed.history = True
         ui.feed.render(events)

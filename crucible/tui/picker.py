@@ -131,30 +131,28 @@ class SessionPicker:
             index = self.index
             if not await trio.to_thread.run_sync(lambda: index.refresh(store, convs, stop=lambda: not alive())):
                 return
-        except CrucibleError as exc:
-            self.problem = exc.message
-            self.ui.refresh_now()
-            return
-        except OSError as exc:
-            self.problem = f"could not read the saved sessions: {exc.strerror or exc}"
-            self.ui.refresh_now()
-            return
-        self.indexed = True
-        while alive():
-            self._wake = trio.Event()
-            query = self.buffer.text
-            if query.strip() and (self.hits is None or self.hits[0] != query):
-                hits = await trio.to_thread.run_sync(
-                    partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
-                if not alive():
-                    return
-                self.hits = (query, hits)
+            self.indexed = True
+            while alive():
+                self._wake = trio.Event()
+                query = self.buffer.text
+                if query.strip() and (self.hits is None or self.hits[0] != query):
+                    hits = await trio.to_thread.run_sync(
+                        partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
+                    if not alive():
+                        return
+                    self.hits = (query, hits)
+                    self._filter()
+                    self.ui.refresh_now()
+                    continue  # typed meanwhile? search again
                 self._filter()
                 self.ui.refresh_now()
-                continue  # typed meanwhile? search again
-            self._filter()
+                await self._wake.wait()
+        except CrucibleError as exc:  # e.g. a conversation deleted meanwhile
+            self.problem = exc.message
+        except Exception as exc:  # the chat outlives its picker, whatever broke it
+            self.problem = f"could not read the saved sessions: {getattr(exc, 'strerror', None) or exc}"
+        if alive():
             self.ui.refresh_now()
-            await self._wake.wait()
 
     # -- what it lists ------------------------------------------------------------------------
     def _typed(self) -> None:
@@ -274,6 +272,9 @@ class SessionPicker:
             (base or "class:tool.title", one_line(conv.title) or "(untitled)"),
             ("class:dim", f"  {conv.turns} turn{'s' if conv.turns != 1 else ''}"),
         ]
+        session = self.ui.session
+        if session is not None and session.id in conv.ids:
+            line.insert(3, ("class:dim", "  (this chat)"))
         rows = [wrap(line, width)[0]]
         if row.snippet:
             rows.append(wrap([("class:dim", "    " + one_line(row.snippet))], width)[0])
