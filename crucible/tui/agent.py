@@ -59,6 +59,10 @@ class AgentLoop:
         if self.ui.session is not None:
             self.restart_requested = True
             self.session_done.set()
+        elif self.switching is not None and self.session_scope is not None:
+            # The agent is still starting: that start gives way to the conversation chosen.
+            self.restart_requested = True
+            self.session_scope.cancel()
         else:
             self.restart.set()
 

@@ -122,6 +122,22 @@ def test_esc_closes_the_picker_and_no_key_reaches_the_input_box(tui: TuiRunner) 
     leave(screen)
 
 
+def test_a_conversation_chosen_while_the_agent_starts_takes_its_place(tui: TuiRunner) -> None:
+    saved_by_p(tui, {"default_turn": [{"text": "saved agent: {prompt}"}]}, "saved", "an earlier question")
+    screen = tui.open({"initialize": {"delay": 60}})  # the chat's own agent takes its time
+    screen.wait_for(lambda s: "starting" in s.splitlines()[-1])
+    screen.type_line("/sessions")
+    screen.wait_all("an earlier question", "1 of 1")
+    screen.send("\r")
+    screen.wait_all("going on with an earlier question", "end of history")
+    screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    screen.type_line("are you there?")
+    screen.wait_for("saved agent: are you there?")
+    assert frames(tui.log, "session/new") == []  # the slow start was given up
+    assert len(frames(tui.tmp / "saved-log.jsonl", "session/resume")) == 1
+    leave(screen)
+
+
 def test_the_picker_over_a_thousand_conversations(tui: TuiRunner) -> None:
     """A thousand saved conversations: listed and searched (titles at once, text from the index)."""
     store = SessionStore(sessions_root(tui.env))
