@@ -614,8 +614,12 @@ def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
     from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
 
     best, best_count = "", 0
+    heads = {t[:4] for t in wanted}  # a stem's first letters are its word's: most lines are skipped untokenized
     for text in texts:
         for line in text.splitlines():
+            lowered = line.lower()
+            if not any(head in lowered for head in heads):
+                continue
             count = len(wanted & set(tokenize(line)))
             if count > best_count:
                 best, best_count = line.strip(), count

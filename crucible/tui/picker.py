@@ -17,6 +17,7 @@ changed. Titles and matched lines come from agents: sanitized, one line, cut to 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -41,7 +42,10 @@ if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
 
 TEXT_HITS = 50  # full-text hits asked of the index per search (titles match without a bound)
-SNIPPETS = 12  # of them with the line that matched (each reads its transcript again)
+SNIPPETS = 8  # of them with the line that matched (each reads its transcript again)
+# A full-text search waits for the keys to pause this long (seconds): typing a word runs one
+# search, not one per letter (each is a thread that takes the GIL from the keys' echo).
+SETTLE = 0.08
 KEYS = [("↑↓", "move", "move"), ("Enter", "resume here", "resume"), ("Esc", "close", "close")]
 
 
@@ -73,6 +77,7 @@ class SessionPicker:
         self.problem: str | None = None  # why the saved conversations could not be read
         self._generation = 0  # each opening's work stops when a newer one starts
         self._wake: trio.Event | None = None
+        self._typed_at = 0.0  # when a key last changed the query (monotonic)
         self.window = Window(BufferControl(self.buffer, key_bindings=self._key_bindings()), height=1,
                              get_line_prefix=lambda line, wrap_count: [("class:dim", " search: ")])
 
@@ -136,6 +141,10 @@ class SessionPicker:
                 self._wake = trio.Event()
                 query = self.buffer.text
                 if query.strip() and (self.hits is None or self.hits[0] != query):
+                    pause = self._typed_at + SETTLE - time.monotonic()
+                    if pause > 0:  # still typing: search what is there once the keys pause
+                        await trio.sleep(pause)
+                        continue
                     hits = await trio.to_thread.run_sync(
                         partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
                     if not alive():
@@ -157,6 +166,7 @@ class SessionPicker:
     # -- what it lists ------------------------------------------------------------------------
     def _typed(self) -> None:
         """A key changed the query: the titles are matched at once, the text by the trio side."""
+        self._typed_at = time.monotonic()
         self._filter()
         self._poke()
 
@@ -223,8 +233,8 @@ class SessionPicker:
         width, _ = self._sizes()
         state = ""
         if self.problem is None and self.conversations is not None and not self.indexed:
-            state = "  (reading the transcripts: titles match meanwhile)"
-        line: Fragments = [("class:dialog.title", "Sessions: type to search titles and text, Enter resumes one here"),
+            state = "  (indexing the text…)"  # titles match meanwhile
+        line: Fragments = [("class:dialog.title", "Sessions: type to search titles and full text"),
                            ("class:dim", state)]
         return list(wrap(line, width)[0])
 
