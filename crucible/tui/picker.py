@@ -17,7 +17,10 @@ changed. Titles and matched lines come from agents: sanitized, one line, cut to 
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -52,6 +55,32 @@ KEYS = [("↑↓", "move", "move"), ("Enter", "resume here", "resume"), ("Esc", 
 def one_line(text: str) -> str:
     """An agent's title or a transcript's line as one safe row (escapes and secrets gone)."""
     return " ".join(sanitize(text).split())
+
+
+class _KeysFirst:
+    """While a thread indexes or searches, the thread that draws the keys gets the GIL back
+    sooner (1 ms, not CPython's 5 ms), so typing does not wait on it. Entered from the trio
+    thread only; the interval comes back when the last such thread is done."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.before = sys.getswitchinterval()
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self.depth == 0:
+            self.before = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.before, 0.001))
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                sys.setswitchinterval(self.before)
+
+
+_keys_first = _KeysFirst()
 
 
 @dataclass(frozen=True)
@@ -134,7 +163,9 @@ class SessionPicker:
             if self.index is None:
                 self.index = await trio.to_thread.run_sync(ConversationIndex)
             index = self.index
-            if not await trio.to_thread.run_sync(lambda: index.refresh(store, convs, stop=lambda: not alive())):
+            with _keys_first():
+                done = await trio.to_thread.run_sync(lambda: index.refresh(store, convs, stop=lambda: not alive()))
+            if not done:
                 return
             self.indexed = True
             while alive():
@@ -145,8 +176,9 @@ class SessionPicker:
                     if pause > 0:  # still typing: search what is there once the keys pause
                         await trio.sleep(pause)
                         continue
-                    hits = await trio.to_thread.run_sync(
-                        partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
+                    with _keys_first():
+                        hits = await trio.to_thread.run_sync(
+                            partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
                     if not alive():
                         return
                     self.hits = (query, hits)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,15 @@ def frames(log: Path, method: str) -> list[dict[str, Any]]:
         return []
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return [e["frame"] for e in entries if e.get("kind") == "in" and e["frame"].get("method") == method]
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll files another process writes (the chat's session store: no other channel)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("the saved sessions never came to that")
+        time.sleep(0.05)
 
 
 def picker_rows(shown: str) -> list[str]:
@@ -93,12 +104,13 @@ def test_sessions_finds_a_conversation_by_its_text_and_the_chat_goes_on_with_it(
     assert [p["params"]["prompt"][0]["text"] for p in frames(second_log, "session/prompt")] == [
         "tell me about the old town", "and after dusk?"]
     assert frames(tui.tmp / "first-log.jsonl", "session/resume") == []
-    # The turn landed in that conversation's entry, and nowhere else.
+    # The turn landed in that conversation's entry, and nowhere else (its end is saved as the turn
+    # ends, maybe after its text is on screen).
+    wait_until(lambda: {c.id: c.turns for c in store.conversations()} == {first.id: 1, second.id: 2})
     said = [r["text"] for r in store.conversation_events(second.id) if r["type"] == "user_message"]
     assert said == ["tell me about the old town", "and after dusk?"]
     assert [r["text"] for r in store.conversation_events(first.id) if r["type"] == "user_message"] == [
         "what goes in the beds?"]
-    assert {c.id: c.turns for c in store.conversations()} == {first.id: 1, second.id: 2}
     leave(screen)
     assert f"cru session resume {second.id}" in screen.text()  # what the chat was on when it ended
 
