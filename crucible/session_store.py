@@ -576,9 +576,9 @@ class ConversationIndex:
         return terms + [t for t in extra if t not in terms]
 
     def search(self, store: SessionStore, query: str, limit: int = 10, *, prefix: bool = False,
-               snippets: int | None = None) -> builtins.list[SessionHit]:
+               snippets: int | None = None, snippet_width: int = 160) -> builtins.list[SessionHit]:
         """The conversations that match `query` best, the first `snippets` (all by default)
-        with the line that matched (read again from the transcript)."""
+        with the line that matched (read again from the transcript, cut to `snippet_width`)."""
         terms = self.terms(query, prefix=prefix)
         if not terms:
             return []
@@ -586,8 +586,8 @@ class ConversationIndex:
             ranked = [(self.conversations[cid], score) for cid, score in self.bm25.search(terms, limit)]
         wanted = set(terms)
         shown = len(ranked) if snippets is None else snippets
-        return [SessionHit(conv, score, _snippet([conv.title, *_conversation_text(store, conv)], wanted)
-                           if i < shown else "")
+        return [SessionHit(conv, score, _snippet([conv.title, *_conversation_text(store, conv)], wanted,
+                                                 snippet_width) if i < shown else "")
                 for i, (conv, score) in enumerate(ranked)]
 
 

@@ -49,6 +49,7 @@ SNIPPETS = 8  # of them with the line that matched (each reads its transcript ag
 # A full-text search waits for the keys to pause this long (seconds): typing a word runs one
 # search, not one per letter (each is a thread that takes the GIL from the keys' echo).
 SETTLE = 0.08
+AGENT_CELLS = 14  # the agent (and card) column of a row
 KEYS = [("↑↓", "move", "move"), ("Enter", "resume here", "resume"), ("Esc", "close", "close")]
 
 
@@ -177,8 +178,9 @@ class SessionPicker:
                         await trio.sleep(pause)
                         continue
                     with _keys_first():
-                        hits = await trio.to_thread.run_sync(
-                            partial(index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS))
+                        hits = await trio.to_thread.run_sync(partial(
+                            index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS,
+                            snippet_width=max(20, self._sizes()[0] - 6)))
                     if not alive():
                         return
                     self.hits = (query, hits)
@@ -307,16 +309,17 @@ class SessionPicker:
         """A conversation's row, and for a full-text hit the line that matched under it."""
         conv = row.conversation
         base = "class:focus" if selected else ""
-        card = f" › {conv.card}" if conv.card else ""
+        agent = one_line(conv.agent + (f" › {conv.card}" if conv.card else ""))
+        agent = agent if len(agent) <= AGENT_CELLS else agent[:AGENT_CELLS - 1] + "…"
+        turns = f"{conv.turns:>3} turn{'s' if conv.turns != 1 else ' '}"
         line: Fragments = [
             (base, "▶ " if selected else "  "),
-            (base or "class:dim", f"{when_text(conv.updated)}  {one_line(conv.agent + card)[:24]:<14} "),
+            (base or "class:dim", f"{when_text(conv.updated)}  {agent:<{AGENT_CELLS}} {turns}  "),
             (base or "class:tool.title", one_line(conv.title) or "(untitled)"),
-            ("class:dim", f"  {conv.turns} turn{'s' if conv.turns != 1 else ''}"),
         ]
         session = self.ui.session
         if session is not None and session.id in conv.ids:
-            line.insert(3, ("class:dim", "  (this chat)"))
+            line.append(("class:dim", "  (this chat)"))
         rows = [wrap(line, width)[0]]
         if row.snippet:
             rows.append(wrap([("class:dim", "    " + one_line(row.snippet))], width)[0])
