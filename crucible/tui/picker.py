@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 from prompt_toolkit.buffer import Buffer
@@ -36,13 +36,21 @@ from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
 from prompt_toolkit.layout.dimension import Dimension
 
 from crucible.errors import CrucibleError
-from crucible.session_store import Conversation, ConversationIndex, SessionHit, when_text
+from crucible.session_store import (
+    Conversation,
+    ConversationIndex,
+    SessionHit,
+    SessionStore,
+    when_text,
+)
 from crucible.terminal import sanitize
 from crucible.tui.markdown import Fragments, wrap
 from crucible.tui.permissions import key_rows
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
+
+T = TypeVar("T")
 
 TEXT_HITS = 50  # full-text hits asked of the index per search (titles match without a bound)
 SNIPPETS = 8  # of them with the line that matched (each reads its transcript again)
@@ -151,51 +159,64 @@ class SessionPicker:
             self.conversations = []
             self._filter()
             return
+
         def alive() -> bool:  # (also read by the indexing thread, to stop at once)
             return self._generation == generation
 
         try:
-            convs = await trio.to_thread.run_sync(store.conversations)
-            if not alive():
-                return
-            self.conversations = convs
-            self._filter()
-            self.ui.refresh_now()
-            if self.index is None:
-                self.index = await trio.to_thread.run_sync(ConversationIndex)
-            index = self.index
-            with _keys_first():
-                done = await trio.to_thread.run_sync(lambda: index.refresh(store, convs, stop=lambda: not alive()))
-            if not done:
-                return
-            self.indexed = True
-            while alive():
-                self._wake = trio.Event()
-                query = self.buffer.text
-                if query.strip() and (self.hits is None or self.hits[0] != query):
-                    pause = self._typed_at + SETTLE - time.monotonic()
-                    if pause > 0:  # still typing: search what is there once the keys pause
-                        await trio.sleep(pause)
-                        continue
-                    with _keys_first():
-                        hits = await trio.to_thread.run_sync(partial(
-                            index.search, store, query, TEXT_HITS, prefix=True, snippets=SNIPPETS,
-                            snippet_width=max(20, self._sizes()[0] - 6)))
-                    if not alive():
-                        return
-                    self.hits = (query, hits)
-                    self._filter()
-                    self.ui.refresh_now()
-                    continue  # typed meanwhile? search again
-                self._filter()
-                self.ui.refresh_now()
-                await self._wake.wait()
+            await self._steps(store, alive)
+        except trio.Cancelled:  # the chat ends: its threads are left to stop on their own
+            if alive():
+                self._generation += 1
+            raise
         except CrucibleError as exc:  # e.g. a conversation deleted meanwhile
             self.problem = exc.message
         except Exception as exc:  # the chat outlives its picker, whatever broke it
             self.problem = f"could not read the saved sessions: {getattr(exc, 'strerror', None) or exc}"
         if alive():
             self.ui.refresh_now()
+
+    async def _steps(self, store: SessionStore, alive: Callable[[], bool]) -> None:
+        # The threads are abandoned when the chat ends (not waited for): `alive` then says no,
+        # and the indexing stops at the next conversation.
+        def in_thread(fn: Callable[[], T]) -> Awaitable[T]:
+            return trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+        convs = await in_thread(store.conversations)
+        if not alive():
+            return
+        self.conversations = convs
+        self._filter()
+        self.ui.refresh_now()
+        if self.index is None:
+            self.index = await in_thread(ConversationIndex)
+        index = self.index
+        with _keys_first():
+            done = await in_thread(lambda: index.refresh(store, convs, stop=lambda: not alive()))
+        if not done:
+            return
+        self.indexed = True
+        while alive():
+            self._wake = trio.Event()
+            query = self.buffer.text
+            if query.strip() and (self.hits is None or self.hits[0] != query):
+                pause = self._typed_at + SETTLE - time.monotonic()
+                if pause > 0:  # still typing: search what is there once the keys pause
+                    await trio.sleep(pause)
+                    continue
+                width = max(20, self._sizes()[0] - 6)
+                with _keys_first():
+                    hits = await in_thread(partial(index.search, store, query, TEXT_HITS, prefix=True,
+                                                   snippets=SNIPPETS, snippet_width=width))
+                if not alive():
+                    return
+                self.hits = (query, hits)
+                self._filter()
+                self.ui.refresh_now()
+                continue  # typed meanwhile? search again
+            self._filter()
+            self.ui.refresh_now()
+            await self._wake.wait()
 
     # -- what it lists ------------------------------------------------------------------------
     def _typed(self) -> None:
