@@ -152,8 +152,11 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     screen.send("y")
     # While the child waits for the person: its section is open under the parent's call, its
     # text and tool call indented in it, and the dialog (labelled with the chain) is visible too.
-    shown = screen.wait_all("▾ parent › helper — running", "Permission: parent › helper wants to run",
-                            "Read starter.md", "hello-from-the-child")
+    # (The first question, still on screen until the next frame, holds all but the edit: wait for it.)
+    shown = screen.wait_for(lambda s: all(t in s for t in ("▾ parent › helper — running", "Read starter.md",
+                                                            "hello-from-the-child"))
+                            and any("Permission: parent › helper wants to run" in row and "Edit notes.txt" in row
+                                    for row in s.splitlines()))
     lines = shown.splitlines()
     assert "Edit notes.txt" in lines[row_of(lines, "Permission:")]
     assert row_of(lines, "delegate_session helper") < row_of(lines, "▾ parent › helper")  # its clean title
