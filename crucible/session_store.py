@@ -519,7 +519,7 @@ class ConversationIndex:
                 stop: Callable[[], bool] | None = None) -> bool:
         """Index `convs` (every conversation, children included, by default), re-reading only
         those new or changed, dropping those gone. False when `stop` said to stop half-way."""
-        from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
+        from crucible.kiln.lexical import term_counts  # snowball + ruamel (80 ms): when searching
 
         wanted = builtins.list(convs) if convs is not None else store.conversations(include_children=True)
         with self.lock:
@@ -532,10 +532,8 @@ class ConversationIndex:
                 self.conversations[conv.id] = conv
                 if self._stamps.get(conv.id) == stamp:
                     continue
-                tokens = tokenize(conv.title) * 2
-                for text in _conversation_text(store, conv):
-                    tokens.extend(tokenize(text))
-                self.bm25.add(conv.id, tokens)
+                counts, length = term_counts([conv.title, conv.title, *_conversation_text(store, conv)])
+                self.bm25.add_counts(conv.id, counts, length)
                 self._stamps[conv.id] = stamp
                 self._vocabulary = None
             for gone in set(self._stamps) - seen:

@@ -210,3 +210,20 @@ def test_the_conversation_index_rereads_only_what_changed(tmp_path: Path, monkey
     index.refresh(store)
     assert read == ["20260101-000002-bbbbbb"]
     assert [h.conversation.id for h in index.search(store, "zeppelin seedlings")] == ["20260101-000002-bbbbbb"]
+
+
+def test_term_counts_are_tokenizes_counts() -> None:
+    """The index counts words before stemming them (each distinct word once): the same terms
+    and counts as `tokenize`, whatever the punctuation, case, digits or non-ASCII letters."""
+    import random
+    from collections import Counter
+
+    from crucible.kiln.lexical import term_counts, tokenize
+
+    rng = random.Random(3)
+    alphabet = list("abc déf_GHI İ.,;:!? \n\t-'\"()[]0123456789ßﬁ") + ["the ", "and ", "Seedlings "]
+    for _ in range(300):
+        texts = ["".join(rng.choices(alphabet, k=rng.randrange(0, 200))) for _ in range(rng.randrange(1, 4))]
+        want = Counter(term for text in texts for term in tokenize(text))
+        counts, total = term_counts(texts)
+        assert counts == dict(want) and total == sum(want.values()), texts
