@@ -15,6 +15,9 @@ same N, same run:
 
     python bench/tui.py [--n 50000] [--repeat 3] [--cru PATH] [--baseline-src DIR]
         (PATH: another cru, e.g. an older checkout's)
+    python bench/tui.py --picker 1000
+        the /sessions picker over 1,000 saved conversations: list and index times, keystroke
+        latency in its search line while it indexes and while each key searches
 
 `--baseline-src DIR` measures the same again with the code in DIR first on PYTHONPATH (the
 before of a before/after, in the same run), e.g. the TUI before issue 16:
@@ -145,6 +148,7 @@ def cpu_seconds(pid: int) -> float:
 
 class Tui:
     def __init__(self, tmp: Path, env: dict[str, str], kiln: Path, n: int, repeat: int) -> None:
+        """`cru chat` whose agent answers each prompt with a flood of `n` chunks (`repeat` of them)."""
         script = tmp / "tui.json"
         self.watch = PromptWatch(tmp / "tui.log")
         script.write_text(json.dumps({"log": str(self.watch.log), "prompts": [flood_turn(n, i) for i in range(repeat)]}))
@@ -227,6 +231,89 @@ class Tui:
         self.child.send("\x15\x04")
         self.child.expect(pexpect.EOF, timeout=30)
         self.child.close()
+
+
+def picker(tmp: Path, env: dict[str, str], kiln: Path, conversations: int) -> dict[str, Any]:
+    """The /sessions picker over N saved conversations (bench/sessions.py's, each a few turns of
+    prose with a flood-sized answer): from `/sessions` Enter to the list shown and to the
+    transcripts indexed; keystroke-to-screen in its search line while it indexes and after
+    (each key then a full-text search, in a thread), beside the idle input box's; and
+    `cru session search` over the same conversations, a fresh process (the peer)."""
+    import random
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from sessions import make_store  # the same conversations bench/sessions.py measures
+
+    data = tmp / "picker-data"
+    env = dict(env, XDG_DATA_HOME=str(data))
+    make_store(data / "crucible" / "sessions", conversations, random.Random(7))
+    start = time.perf_counter()
+    subprocess.run([CRU, "session", "search", "sourdough starter"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+    cli = time.perf_counter() - start
+    tui = Tui(tmp, env, kiln, 1, 1)  # (its agent floods only when asked: nothing is asked here)
+    tui.wait_for("ready")
+    idle = tui.idle_keys()
+    tui.child.send("/sessions")
+    while "/sessions" not in tui.input_line():
+        tui.pump()
+    opened = time.perf_counter()
+    tui.child.send("\r")
+    tui.wait_for(f"{conversations} of {conversations}")
+    listed = time.perf_counter() - opened
+    indexed: float | None = None
+    during: list[float] = []
+    after: list[float] = []
+    typed = ""
+    words = "sourdough starter lantern harbour glacier meadow telescope orbit violin sonata ".split(" ")
+
+    def search_line() -> str:
+        return next((row for row in tui.screen.display if row.startswith(" search: ")), "")
+
+    for word in words * 4:
+        for ch in word + " ":
+            if len(typed) > 60:  # the search line is 80 columns wide: start again
+                tui.child.send("\x15")
+                while search_line().strip() != "search:":
+                    tui.pump(0.001)
+                typed = ""
+            typed += ch
+            if ch == " ":  # (a trailing space does not show: sent, not timed)
+                tui.child.send(ch)
+                continue
+            still_indexing = "indexing the text" in tui.text()
+            sent = time.perf_counter()
+            tui.child.send(ch)
+            while search_line()[len(" search: "):].rstrip() != typed:
+                tui.pump(0.001)
+            (during if still_indexing else after).append(time.perf_counter() - sent)
+            if indexed is None and "indexing the text" not in tui.text():
+                indexed = time.perf_counter() - opened
+        if indexed is not None and len(after) >= 40:
+            break
+    deadline = time.monotonic() + 120
+    while indexed is None and time.monotonic() < deadline:
+        tui.pump(0.01)
+        if "indexing the text" not in tui.text():
+            indexed = time.perf_counter() - opened
+    tui.child.send("\x1b")
+    tui.close()
+    return {"n": conversations, "cli": cli, "listed": listed, "indexed": indexed, "idle": idle, "during": during,
+            "after": after}
+
+
+def report_picker(r: dict[str, Any]) -> None:
+    print(f"== /sessions picker over {r['n']} saved conversations (bench/sessions.py's)")
+    print(f"  list shown after /sessions     : {r['listed']:.3f} s")
+    indexed = f"{r['indexed']:.3f} s" if r["indexed"] is not None else "not within the run"
+    print(f"  transcripts indexed after it   : {indexed}   (peer: one `cru session search`, a fresh process: "
+          f"{r['cli']:.3f} s)")
+    for name, keys in (("idle input box", r["idle"]), ("search line, while indexing", r["during"]),
+                       ("search line, each key a search", r["after"])):
+        if keys:
+            ms = [k * 1000 for k in keys]
+            print(f"  keystroke to screen, {name:<31}({len(ms):>3} keys): p50 {pct(ms, 50):6.1f} ms, "
+                  f"p95 {pct(ms, 95):6.1f} ms, max {max(ms):6.1f} ms")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -340,8 +427,19 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="floods (and start-ups) per mode")
     parser.add_argument("--cru", default=CRU, help="the cru executable to measure (default: %(default)s)")
     parser.add_argument("--baseline-src", type=Path, help="a tree of crucible/, acp_host/, mcp_bridge/ to compare with")
+    parser.add_argument("--picker", type=int, metavar="N", help="only the /sessions picker, over N conversations")
     args = parser.parse_args()
     CRU = args.cru
+    if args.picker:
+        with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
+            tmp = Path(d)
+            kiln = tmp / "kiln"
+            shutil.copytree(ROOT / "fixtures" / "kiln", kiln, ignore=shutil.ignore_patterns(".crucible"))
+            env = dict(os.environ, TERM="xterm-256color", XDG_CONFIG_HOME=str(tmp / "config"))
+            env.pop("NO_COLOR", None)
+            env.pop("PYTHONPATH", None)
+            report_picker(picker(tmp, env, kiln, args.picker))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as d:
         tmp = Path(d)
         kiln = tmp / "kiln"

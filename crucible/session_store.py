@@ -20,13 +20,15 @@ one. An id may be shortened to any unique prefix, of the whole id or of its rand
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import fcntl
 import json
 import os
 import secrets
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -496,33 +498,112 @@ def _conversation_text(store: SessionStore, conv: Conversation) -> list[str]:
     return texts
 
 
+class ConversationIndex:
+    """The saved conversations, across agents, tokenized once for BM25 over the title (counted
+    twice) and the full text of each transcript: what `cru session search` and the chat's
+    /sessions picker search. `refresh` re-reads only the conversations that changed since the
+    last one, so a picker opened again is ready at once. One thread at a time uses it (the lock)."""
+
+    def __init__(self) -> None:
+        # The kiln's lexical search: the same words, stems and stop words as a note search.
+        from crucible.kiln.lexical import Bm25  # snowball + ruamel (80 ms): only when searching
+
+        self.bm25 = Bm25()
+        self.conversations: dict[str, Conversation] = {}
+        self._stamps: dict[str, tuple[float, tuple[str, ...]]] = {}  # what each was indexed from
+        self._vocabulary: builtins.list[str] | None = None  # sorted terms, for prefixes (made when asked)
+        self.lock = threading.Lock()
+
+    def refresh(self, store: SessionStore, convs: Iterable[Conversation] | None = None,
+                stop: Callable[[], bool] | None = None) -> bool:
+        """Index `convs` (every conversation, children included, by default), re-reading only
+        those new or changed, dropping those gone. False when `stop` said to stop half-way."""
+        from crucible.kiln.lexical import term_counts  # snowball + ruamel (80 ms): when searching
+
+        wanted = builtins.list(convs) if convs is not None else store.conversations(include_children=True)
+        with self.lock:
+            seen = set()
+            for conv in wanted:
+                if stop is not None and stop():
+                    return False
+                seen.add(conv.id)
+                stamp = (conv.updated, tuple(conv.ids))
+                self.conversations[conv.id] = conv
+                if self._stamps.get(conv.id) == stamp:
+                    continue
+                counts, length = term_counts([conv.title, conv.title, *_conversation_text(store, conv)])
+                self.bm25.add_counts(conv.id, counts, length)
+                self._stamps[conv.id] = stamp
+                self._vocabulary = None
+            for gone in set(self._stamps) - seen:
+                self.bm25.remove(gone)
+                del self._stamps[gone]
+                self.conversations.pop(gone, None)
+                self._vocabulary = None
+            return True
+
+    def terms(self, query: str, *, prefix: bool = False) -> builtins.list[str]:
+        """The index terms of `query`; with `prefix`, the last word, still being typed, also
+        stands for the terms that start with it (at most PREFIX_TERMS of them)."""
+        from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
+
+        terms = tokenize(query)
+        words = query.lower().split()
+        if not prefix or not words or query[-1:].isspace() or len(words[-1]) < PREFIX_MIN:
+            return terms
+        last = "".join(c for c in words[-1] if c.isalnum())
+        if len(last) < PREFIX_MIN:
+            return terms
+        with self.lock:
+            if self._vocabulary is None:
+                self._vocabulary = sorted(self.bm25.vocabulary())
+            vocabulary = self._vocabulary
+        start = bisect.bisect_left(vocabulary, last)
+        extra = []
+        for term in vocabulary[start:start + PREFIX_TERMS]:
+            if not term.startswith(last):
+                break
+            extra.append(term)
+        # A stem shorter than the word typed so far ("seedl" while "seedli" is typed).
+        for cut in range(len(last) - 1, PREFIX_MIN - 1, -1):
+            index = bisect.bisect_left(vocabulary, last[:cut])
+            if index < len(vocabulary) and vocabulary[index] == last[:cut]:
+                extra.append(last[:cut])
+                break
+        return terms + [t for t in extra if t not in terms]
+
+    def search(self, store: SessionStore, query: str, limit: int = 10, *, prefix: bool = False,
+               snippets: int | None = None, snippet_width: int = 160) -> builtins.list[SessionHit]:
+        """The conversations that match `query` best, the first `snippets` (all by default)
+        with the line that matched (read again from the transcript, cut to `snippet_width`)."""
+        terms = self.terms(query, prefix=prefix)
+        if not terms:
+            return []
+        with self.lock:
+            ranked = [(self.conversations[cid], score) for cid, score in self.bm25.search(terms, limit)]
+        wanted = set(terms)
+        shown = len(ranked) if snippets is None else snippets
+        return [SessionHit(conv, score, _snippet([conv.title, *_conversation_text(store, conv)], wanted,
+                                                 snippet_width) if i < shown else "")
+                for i, (conv, score) in enumerate(ranked)]
+
+
+# The last word of a query being typed stands for the terms it starts (the picker): from this
+# many characters, for at most this many terms.
+PREFIX_MIN = 3
+PREFIX_TERMS = 50
+
+
 def search_conversations(store: SessionStore, query: str, limit: int = 10) -> list[SessionHit]:
     """Every saved conversation, across agents, ranked by BM25 over its title (counted twice)
     and the full text of its transcript; each hit with the line that matched best."""
-    # The kiln's lexical search: the same words, stems and stop words as a note search.
-    from crucible.kiln.lexical import (  # snowball + ruamel (80 ms): only when searching
-        Bm25,
-        tokenize,
-    )
+    from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
 
-    terms = tokenize(query)
-    if not terms:
+    if not tokenize(query):
         raise CrucibleError(f"nothing to search for in {query!r}", "use words that are not all stop words")
-    bm25 = Bm25()
-    convs: dict[str, tuple[Conversation, list[str]]] = {}
-    for conv in store.conversations(include_children=True):
-        texts = _conversation_text(store, conv)
-        tokens = tokenize(conv.title) * 2
-        for text in texts:
-            tokens.extend(tokenize(text))
-        bm25.add(conv.id, tokens)
-        convs[conv.id] = (conv, texts)
-    hits = []
-    wanted = set(terms)
-    for conv_id, score in bm25.search(terms, limit):
-        conv, texts = convs[conv_id]
-        hits.append(SessionHit(conv, score, _snippet([conv.title, *texts], wanted)))
-    return hits
+    index = ConversationIndex()
+    index.refresh(store)
+    return index.search(store, query, limit)
 
 
 def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
@@ -530,8 +611,12 @@ def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
     from crucible.kiln.lexical import tokenize  # snowball + ruamel (80 ms): only when searching
 
     best, best_count = "", 0
+    heads = {t[:4] for t in wanted}  # a stem's first letters are its word's: most lines are skipped untokenized
     for text in texts:
         for line in text.splitlines():
+            lowered = line.lower()
+            if not any(head in lowered for head in heads):
+                continue
             count = len(wanted & set(tokenize(line)))
             if count > best_count:
                 best, best_count = line.strip(), count
@@ -547,26 +632,6 @@ def _snippet(texts: list[str], wanted: set[str], width: int = 160) -> str:
 
 
 def conversation_line(conv: Conversation) -> str:
-    """One conversation as `cru session list` and `/sessions` show it."""
+    """One conversation as `cru session list` and `cru session search` show it."""
     card = f" card={conv.card}" if conv.card else ""
     return sanitize(f"{conv.id}  {when_text(conv.updated)}  {conv.agent}{card}  turns={conv.turns}  {conv.title}")
-
-
-def picker_lines(store: SessionStore, query: str = "", limit: int = 10) -> list[str]:
-    """What the chat's `/sessions [QUERY]` shows: the newest conversations, or those matching
-    QUERY (titles and full text, across agents), each with its id to resume."""
-    if query.strip():
-        hits = search_conversations(store, query, limit=limit)
-        if not hits:
-            return [f"no saved session mentions {query!r}"]
-        lines = [f"Sessions matching {query!r} (cru session resume ID):"]
-        for hit in hits:
-            lines.append("  " + conversation_line(hit.conversation))
-            if hit.snippet:
-                lines.append("      " + sanitize(hit.snippet))
-        return lines
-    convs = store.conversations()
-    if not convs:
-        return ["no saved sessions"]
-    return ["Saved sessions (cru session resume ID; /sessions WORDS searches them):"] + [
-        "  " + conversation_line(conv) for conv in convs[:limit]]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,7 +31,7 @@ import trio
 
 from acp_host.jsonrpc import JsonRpcError
 from acp_host.process import AgentProcess, AgentStartError
-from acp_host.registry import AgentSpec, install_hint
+from acp_host.registry import AgentRegistryError, AgentSpec, install_hint, resolve_agent
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     GATED_KINDS,
@@ -205,6 +206,35 @@ class SessionOptions:
             store=self.store, inactivity_timeout=self.inactivity_timeout, init_timeout=self.init_timeout,
             parent_policy=parent_policy, parent_id=parent_id,
         )
+
+    def continued(self, saved: SessionMeta) -> SessionOptions:
+        """These options going on with the saved conversation `saved` (the chat's /sessions
+        picker): its own agent (profile, built-in or the same --agent-command), card, kiln and
+        cwd, as `cru session resume` does; the person, the config and the store stay. The model
+        and mode asked for stay only with the same agent. Errors say what is missing."""
+        if not Path(saved.cwd).is_dir():
+            raise CrucibleError(f"the folder of session {saved.id} is gone ({saved.cwd})",
+                                f"resume it from another folder: cru session resume {saved.id} --cwd DIR")
+        kiln = Path(saved.kiln) if saved.kiln else self.kiln
+        if not kiln.is_dir():
+            raise CrucibleError(f"the kiln of session {saved.id} is gone ({kiln})",
+                                f"resume it with another kiln: cru session resume {saved.id} --kiln DIR")
+        command = shlex.join(saved.agent_command) if saved.agent_command else None
+        try:
+            agent = resolve_agent(saved.agent, agent_command=command, profiles=self.config.agents)
+        except AgentRegistryError as exc:
+            raise CrucibleError(exc.message, exc.fix) from None
+        if not agent.found:
+            raise CrucibleError(f"the agent {agent.name} of session {saved.id} is not installed ({agent.source})",
+                                install_hint(agent.name))
+        card = None
+        if saved.card:
+            from crucible.cards import get_card  # ruamel.yaml: only for a conversation with a card
+
+            card = get_card(saved.card, kiln, Path(saved.cwd))
+        same = agent.name == self.agent.name
+        return replace(self, agent=agent, kiln=kiln, cwd=Path(saved.cwd), card=card, resume=saved.id,
+                       model=self.model if same else None, mode=self.mode if same else None)
 
 
 def _kiln_key(kiln: Path) -> Path:

@@ -70,6 +70,27 @@ def tokenize(text: str) -> list[str]:
     return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
 
 
+def term_counts(texts: Iterable[str]) -> tuple[dict[str, int], int]:
+    """The terms `tokenize` gives for `texts`, with their counts, and how many there are in all:
+    the words are counted first, so each distinct word is stemmed once (long texts repeat
+    their words: several times faster than counting `tokenize`'s list)."""
+    # Split at white space first (C speed), then find the words of each distinct piece: the
+    # same words as `_WORD.findall` over the whole text, since white space is never in a word.
+    pieces: Counter[str] = Counter()
+    for text in texts:
+        pieces.update(text.split())
+    counts: dict[str, int] = {}
+    total = 0
+    for piece, n in pieces.items():
+        for word in _WORD.findall(piece.lower()):
+            if word in _STOPWORDS:
+                continue
+            term = _stem(word)
+            counts[term] = counts.get(term, 0) + n
+            total += n
+    return counts, total
+
+
 # ---------------------------------------------------------------------------------------------
 # A note's fields, without the full parse
 
@@ -197,6 +218,10 @@ class Bm25:
 
     def length(self, doc_id: str) -> int:
         return self._doc_len.get(doc_id, 0)
+
+    def vocabulary(self) -> Iterable[str]:
+        """Every term of the documents (a live view: copy it before the index changes)."""
+        return self._postings.keys()
 
     def remove(self, doc_id: str) -> None:
         terms = self._doc_terms.pop(doc_id, None)

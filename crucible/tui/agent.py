@@ -13,6 +13,7 @@ from crucible import hard_stop
 from crucible.errors import CrucibleError
 from crucible.events import Pipeline, saved_events
 from crucible.kiln.paths import iter_markdown
+from crucible.session_store import Conversation
 from crucible.sessions import BridgeHost, CrucibleSession, open_session
 from crucible.terminal import sanitize
 from crucible.tui.prompts import STEER_NOTE
@@ -44,6 +45,8 @@ class AgentLoop:
         self.last_session_id: str | None = None
         self.restarted = False
         self.prompts_sent = 0
+        # The saved conversation the next agent session goes on with (the /sessions picker).
+        self.switching: str | None = None
 
     def stop(self) -> None:
         """The person leaves: end the agent session and do not start another."""
@@ -56,8 +59,36 @@ class AgentLoop:
         if self.ui.session is not None:
             self.restart_requested = True
             self.session_done.set()
+        elif self.switching is not None and self.session_scope is not None:
+            # The agent is still starting: that start gives way to the conversation chosen.
+            self.restart_requested = True
+            self.session_scope.cancel()
         else:
             self.restart.set()
+
+    async def switch_to(self, conv: Conversation) -> None:
+        """Go on with the saved conversation `conv` in this chat (the /sessions picker): the
+        agent session stops, and the next one resumes `conv` with its own agent, card, kiln and
+        cwd (`SessionOptions.continued`), its saved history drawn first."""
+        ui = self.ui
+        store = ui.opts.store
+        if ui.session is not None and ui.session.id in conv.ids:
+            ui.say_flash("that is the conversation you are in")
+            return
+        if store is None:
+            return
+        opts = ui.opts
+        try:
+            resumed = await trio.to_thread.run_sync(lambda: opts.continued(store.meta(conv.id)))
+        except CrucibleError as exc:
+            ui.error(f"cannot resume {conv.id}: {exc.message}" + (f"\nfix: {exc.fix}" if exc.fix else ""))
+            return
+        ui.feed.end_text()
+        ui.notice(f"── going on with {sanitize(conv.title) or conv.id} ({conv.id}, {sanitize(resumed.agent.name)}) ──",
+                  "class:history")
+        ui.use_options(resumed)
+        self.switching = conv.id
+        self.request_restart()
 
     async def main(self) -> int:
         ui = self.ui
@@ -99,8 +130,11 @@ class AgentLoop:
 
     async def run_session(self, host: BridgeHost, first: bool) -> None:
         ui = self.ui
-        self.restarted = not first
-        if not first:
+        self.restarted = not first and self.switching is None
+        if self.switching is not None:  # another saved conversation (opts set by switch_to)
+            ui.opts = replace(ui.opts, resume=self.switching)
+            self.switching = None
+        elif not first:
             ui.opts = replace(ui.opts, resume=self.last_session_id)
         ui.status.state = "starting agent"
         ui.refresh_now()
@@ -152,7 +186,7 @@ class AgentLoop:
         if session.resumed_natively and not has_resume:
             return  # session/load: the replay is in the event stream
         store = ui.opts.store
-        events = await trio.to_thread.run_sync(lambda: saved_events(store.events(resumed)))
+        events = await trio.to_thread.run_sync(lambda: saved_events(store.conversation_events(resumed)))
         ui.feed.add_notice(f"── history (saved session {resumed}) ──", "class:history")
         ui.feed.history = True
         ui.feed.render(events)

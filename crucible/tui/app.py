@@ -64,6 +64,7 @@ from crucible.tui.permissions import (
     dialog_text,
     save_permission_rule,
 )
+from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
 from crucible.tui.style import STYLE
@@ -94,6 +95,7 @@ class ChatUI:
         self.feed = ChatFeed(self)
         self.children = Children(self.transcript, self.feed, self.new_thought)
         self.commands = Commands(self)
+        self.picker = SessionPicker(self)  # /sessions
         self.last_ctrl_c = 0.0
         self.quitting = False
         self.agent_alive = False
@@ -128,6 +130,7 @@ class ChatUI:
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
             ConditionalContainer(self.dialog_window,
                                  filter=Condition(lambda: self.dialog_up or questions.current is not None)),
+            self.picker.container(),
             ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
                                         height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
                                  filter=Condition(lambda: bool(prompts.items))),
@@ -158,7 +161,8 @@ class ChatUI:
         self.pacer.request()
 
     def refresh_now(self) -> None:
-        target = self.dialog_window if self.dialog_up else self.input_window
+        # The keys go to what asks: a question first, then the /sessions picker, else the input box.
+        target = self.dialog_window if self.dialog_up else self.picker.window if self.picker.open else self.input_window
         if not self.app.layout.has_focus(target):
             self.app.layout.focus(target)
         self.app.invalidate()
@@ -175,6 +179,16 @@ class ChatUI:
 
     def error(self, text: str) -> None:
         self.notice(text, "class:error")
+
+    def use_options(self, opts: SessionOptions) -> None:
+        """The next agent session's options (another saved conversation, from /sessions): the
+        status bar names its agent, the dialog reads its kiln and cwd, @mentions its notes."""
+        kiln_changed = opts.kiln != self.opts.kiln
+        self.opts = opts
+        self.queue.kiln, self.queue.cwd = opts.kiln, opts.cwd
+        self.status.label = opts.agent.name + (f" › {opts.card.name}" if opts.card else "")
+        if kiln_changed:
+            self.start_soon(self.loop.load_notes)
 
     def new_thought(self, entry: TextEntry) -> None:
         entry.collapsed = not self.show_thoughts

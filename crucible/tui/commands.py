@@ -6,10 +6,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import trio
-
-from crucible.errors import CrucibleError
-from crucible.session_store import picker_lines
 from crucible.terminal import sanitize
 from crucible.tui.permissions import Question
 from crucible.tui.transcript import TextEntry
@@ -21,7 +17,7 @@ if TYPE_CHECKING:
 OWN_COMMANDS: dict[str, str] = {
     "help": "list the commands and keys",
     "cancel": "cancel the running turn (Ctrl-C)",
-    "sessions": "list saved sessions, or /sessions WORDS to search them",
+    "sessions": "find a saved conversation (titles and text, any agent) and go on with it here",
     "card": "show the agent card of this session",
     "mcp": "the upstream MCP servers: up or down, their tools, the last error",
     "usage": "tokens and cost, this turn and this session",
@@ -129,17 +125,8 @@ class Commands:
             self.ui.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
 
     async def do_sessions(self, args: str) -> None:
-        """/sessions [WORDS]: the saved conversations, newest first, or those WORDS find."""
-        store = self.ui.opts.store
-        if store is None:
-            self.ui.notice("no sessions yet")
-            return
-        try:
-            lines = await trio.to_thread.run_sync(picker_lines, store, args)
-        except CrucibleError as exc:
-            self.ui.error(exc.message + (f"\nfix: {exc.fix}" if exc.fix else ""))
-            return
-        self.ui.notice("\n".join(lines))
+        """/sessions [WORDS]: the picker over the saved conversations, searching WORDS."""
+        self.ui.picker.show(args)
 
     async def do_mcp(self, args: str) -> None:
         """/mcp: the upstream MCP servers of this process (the gateway) and how each is."""

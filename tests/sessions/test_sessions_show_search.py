@@ -93,10 +93,12 @@ def test_the_chat_sessions_command_searches(chat: ChatRunner) -> None:
     stream = pyte.ByteStream(screen)
     try:
         _pump_until(child, stream, lambda: "ready" in screen.display[-1])
-        child.send("/sessions seedlings\r")
-        _pump_until(child, stream, lambda: "Sessions matching 'seedlings'" in "\n".join(screen.display))
+        child.send("/sessions seedlings\r")  # the picker, searching (tests/tui/test_tui_picker.py drives it)
+        _pump_until(child, stream, lambda: "start tomato seedlings indoors" in "\n".join(screen.display))
         text = "\n".join(screen.display)
+        assert "search: seedlings" in text and "1 of 2" in text
         assert "when do I start tomatoes?" in text and "something else entirely" not in text
+        child.send("\x1b")
         child.send("/exit\r")
         child.expect(pexpect.EOF, timeout=30)
     finally:

@@ -440,6 +440,26 @@ def test_shift_tab_asks_before_a_mode_that_bypasses_permissions(tui: TuiRunner) 
     leave(screen)
 
 
+OFFERS: dict[str, Any] = {"new_session": {"result": {
+    "modes": {"currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"},
+                                                             {"id": "plan", "name": "Plan"}]},
+    "configOptions": [{"id": "model", "name": "Model", "category": "model", "type": "select",
+                       "currentValue": "fake/fast", "options": [{"value": "fake/fast", "name": "Fast"},
+                                                                {"value": "fake/smart", "name": "Smart"}]}]}}}
+
+
+def test_model_and_mode_flags_are_set_in_the_chat_or_refused_with_the_offers(tui: TuiRunner) -> None:
+    screen = tui.open(OFFERS, "--model", "smart", "--mode", "plan")  # a short form of fake/smart
+    screen.wait_for(lambda s: "ready" in status_row(s) and "mode: plan" in status_row(s)
+                    and "fake/smart" in status_row(s))
+    assert [f["params"]["modeId"] for f in agent_frames(tui, "session/set_mode")] == ["plan"]
+    assert [f["params"]["value"] for f in agent_frames(tui, "session/set_config_option")] == ["fake/smart"]
+    leave(screen)
+    screen = tui.open(OFFERS, "--model", "huge")
+    screen.wait_all("huge", "the agent offers: fake/fast, fake/smart")
+    leave(screen)
+
+
 def fg_at(screen: Screen, needle: str, offset: int = 0) -> str:
     for y, line in enumerate(screen.screen.display):
         x = line.find(needle)

@@ -264,7 +264,10 @@ def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
     screen.type_line("/card")
     screen.wait_for("no agent card in this session")
     screen.type_line("/sessions")
-    screen.wait_all("Saved sessions (cru session resume ID", "Kiln summary")  # this one, titled by the agent
+    # The picker (tests/tui/test_tui_picker.py): this conversation, titled by the agent, marked as this chat.
+    screen.wait_all("Sessions: type to search", "Kiln summary  (this chat)")
+    screen.send("\r")  # Enter on the conversation the chat is in: it stays
+    screen.wait_for("that is the conversation you are in")
     leave(screen)
 
 
