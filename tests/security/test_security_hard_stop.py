@@ -521,3 +521,22 @@ def test_a_client_that_dies_takes_cru_mcp_and_its_upstreams(cru_bin: str, clean_
             if fd >= 0:
                 os.close(fd)
     assert not left, f"left running after the client died: {[_cmdline(p) for p in left]}"
+
+
+def test_kill_9_of_the_interactive_chat_keeps_the_turn_and_takes_the_agent(cru_bin: str, clean_env: dict[str, str],
+                                                                         kiln: Path, tmp_path: Path) -> None:
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru)
+        assert _agent_pids(cru)
+        events = _session_folder(clean_env) / "events.jsonl"
+        wait_until(lambda: "and after it" in events.read_text(), 5, "the streamed text on disk")
+        os.kill(cru, signal.SIGKILL)
+        screen.wait_exit(30)
+        left = _all_gone(tree, STOP_BOUND)
+    finally:
+        screen.close()
+    assert not left, f"left running after kill -9 of cru chat: {[_cmdline(p) for p in left]}"
+    text = events.read_text()
+    assert "my question, kept" in text and "and after it" in text
