@@ -8,6 +8,10 @@ line that reaches a terminal does; recordings and the log redact through it as w
 
 Values shorter than `MIN_SECRET_LENGTH` are not remembered: replacing "1" or "on" everywhere
 would garble every line and hides nothing worth hiding.
+
+Text that arrives in pieces (an agent streams a message a token at a time) goes through a
+`StreamRedactor`: a secret cut between two pieces is masked too, because the end of a piece
+that could begin a secret waits for the next piece.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 
-__all__ = ["MIN_SECRET_LENGTH", "MASK", "forget_all", "redact", "remember_secret"]
+__all__ = ["MIN_SECRET_LENGTH", "MASK", "StreamRedactor", "forget_all", "held_length", "redact", "remember_secret"]
 
 MIN_SECRET_LENGTH = 6
 MASK = "***"
@@ -43,6 +47,46 @@ def redact(text: str) -> str:
         if form in text:
             text = text.replace(form, MASK)
     return text
+
+
+def held_length(text: str) -> int:
+    """How many characters at the end of `text` (already redacted) could be the start of a
+    secret: they must wait for what comes next before being shown or saved."""
+    forms = _forms
+    if not forms or not text:
+        return 0
+    longest = 0
+    for form in forms:
+        first, window = form[0], min(len(form) - 1, len(text))
+        # Only where the secret's first character occurs near the end (few places, found in C).
+        at = text.rfind(first, len(text) - window)
+        while at != -1:
+            tail = len(text) - at
+            if tail > longest and form.startswith(text[at:]):
+                longest = tail
+            at = text.rfind(first, len(text) - window, at)
+    return longest
+
+
+class StreamRedactor:
+    """`redact` for a text that comes in pieces: `feed(piece)` returns what can be shown now,
+    `end()` what was held back when the text is over."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        if not _forms:
+            out, self._held = self._held + piece, ""
+            return out
+        text = redact(self._held + piece)
+        keep = held_length(text)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def end(self) -> str:
+        out, self._held = self._held, ""
+        return out
 
 
 def forget_all() -> None:
