@@ -27,16 +27,21 @@ MASK = "***"
 _lock = threading.Lock()
 _secrets: set[str] = set()
 _forms: list[str] = []  # every secret and its JSON-escaped form, longest first
+_prefixes: frozenset[str] = frozenset()  # every proper prefix of every form (for `held_length`)
+_firsts: frozenset[str] = frozenset()  # their first characters
 
 
 def remember_secret(value: str) -> None:
     """Redact `value` from now on, wherever `redact` is applied."""
     if not isinstance(value, str) or len(value) < MIN_SECRET_LENGTH or value in _secrets:
         return
+    global _prefixes, _firsts
     with _lock:
         _secrets.add(value)
         forms = set(_forms) | {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
         _forms[:] = sorted(forms, key=len, reverse=True)
+        _prefixes = frozenset(form[:n] for form in forms for n in range(1, len(form)))
+        _firsts = frozenset(form[0] for form in forms)
 
 
 def redact(text: str) -> str:
@@ -52,20 +57,15 @@ def redact(text: str) -> str:
 def held_length(text: str) -> int:
     """How many characters at the end of `text` (already redacted) could be the start of a
     secret: they must wait for what comes next before being shown or saved."""
-    forms = _forms
-    if not forms or not text:
+    if not _forms or not text:
         return 0
-    longest = 0
-    for form in forms:
-        first, window = form[0], min(len(form) - 1, len(text))
-        # Only where the secret's first character occurs near the end (few places, found in C).
-        at = text.rfind(first, len(text) - window)
-        while at != -1:
-            tail = len(text) - at
-            if tail > longest and form.startswith(text[at:]):
-                longest = tail
-            at = text.rfind(first, len(text) - window, at)
-    return longest
+    prefixes, firsts, end = _prefixes, _firsts, len(text)
+    # Set lookups at each place a secret could start (the last len(longest) - 1 characters),
+    # however many secrets there are: this runs once per streamed chunk.
+    for start in range(max(0, end - len(_forms[0]) + 1), end):
+        if text[start] in firsts and text[start:] in prefixes:
+            return end - start
+    return 0
 
 
 class StreamRedactor:
@@ -91,6 +91,8 @@ class StreamRedactor:
 
 def forget_all() -> None:
     """For tests: an empty registry."""
+    global _prefixes, _firsts
     with _lock:
         _secrets.clear()
         _forms.clear()
+        _prefixes = _firsts = frozenset()
