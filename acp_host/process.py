@@ -26,7 +26,7 @@ from types import TracebackType
 
 import trio
 
-from acp_host.reaper import unwatch_group, watch_group
+from acp_host.reaper import signal_watched, unwatch_group, watch_group
 
 __all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths", "stop_all_now"]
 
@@ -146,14 +146,17 @@ _stopping = False
 
 
 def stop_all_now() -> None:
-    """The host was told to stop: SIGTERM every live agent's group now, and make every
-    teardown from here on skip the exit grace (callable from a signal handler's task)."""
+    """The host was told to stop: SIGTERM every live agent's group now — and every other
+    group the host watches (terminals, upstream MCP servers: their owners' graceful shutdowns
+    would wait seconds for them) — and make every teardown from here on skip the exit grace
+    (callable from a signal handler's task)."""
     global _stopping
     _stopping = True
     for agent in list(_live):
         agent.exit_grace = 0
         if not agent.exited.is_set():
             agent._signal_group(signal.SIGTERM)
+    signal_watched(signal.SIGTERM)
 
 
 class AgentProcess:

@@ -12,19 +12,22 @@ and works on every POSIX system.
 
 `watch_group(pgid)` when a group is started, `unwatch_group(pgid)` once it is gone. Both are
 cheap (one short write) and never raise: without a watchdog the host still tears its
-groups down itself on every orderly way out.
+groups down itself on every orderly way out. The host keeps the same list, so a hard stop
+(SIGTERM, SIGHUP) can signal every group it owns at once — agents, their terminals and
+upstream MCP servers alike — with `signal_watched` instead of waiting out each owner's grace.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 from typing import IO
 
-__all__ = ["reaper_pid", "unwatch_group", "watch_group"]
+__all__ = ["reaper_pid", "signal_watched", "unwatch_group", "watch_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ _lock = threading.Lock()
 _process: subprocess.Popen[bytes] | None = None
 _pipe: IO[bytes] | None = None
 _owner_pid = 0  # the pid that started the watchdog (a forked child must start its own)
+_watched: set[int] = set()  # this process's copy of the watchdog's list
 
 
 def _ensure() -> IO[bytes] | None:
@@ -107,13 +111,29 @@ def _tell(line: bytes) -> None:
 
 def watch_group(pgid: int) -> None:
     """Have the watchdog stop process group `pgid` if this process dies before it is gone."""
+    with _lock:
+        _watched.add(pgid)
     _tell(b"+%d\n" % pgid)
 
 
 def unwatch_group(pgid: int) -> None:
     """The group is gone (or no longer ours): forget it."""
+    with _lock:
+        _watched.discard(pgid)
     if _pipe is not None:
         _tell(b"-%d\n" % pgid)
+
+
+def signal_watched(sig: int = signal.SIGTERM) -> None:
+    """Send `sig` to every process group watched now (a hard stop: callable from a signal
+    handler's task; never raises). Each group's owner still reaps it as it winds down."""
+    with _lock:
+        groups = [g for g in _watched if g > 1]
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:  # already gone, or no longer ours to signal
+            pass
 
 
 def reaper_pid() -> int | None:

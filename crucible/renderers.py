@@ -33,7 +33,7 @@ from crucible.events import (
     permission_decision,
     shown_tool_call,
 )
-from crucible.redaction import redact
+from crucible.redaction import StreamRedactor, redact
 from crucible.terminal import json_safe, sanitize
 
 
@@ -130,22 +130,27 @@ class TextPrinter(Renderer):
         self.err = err or sys.stderr
         self.children = ChildLines(self.err)
         self._text: list[str] = []  # message text of the batch being rendered
+        self._redactor = StreamRedactor()  # a secret the agent streams in pieces is masked too
         self._ended_line = True
 
     def render(self, events: Sequence[Any]) -> None:
         super().render(events)
         self._write_text()
 
-    def _write_text(self) -> None:
-        if self._text:
-            text = "".join(self._text)
-            self._text.clear()
+    def _write_text(self, *, end: bool = False) -> None:
+        """The batch's message text on stdout; with `end`, also what was held back as the
+        possible start of a secret (the message is interrupted or over)."""
+        text = self._redactor.feed("".join(self._text)) if self._text else ""
+        self._text.clear()
+        if end:
+            text += self._redactor.end()
+        if text:
             self.out.write(sanitize(text))
             self.out.flush()
             self._ended_line = text.endswith("\n")
 
     def _line(self, text: str) -> None:
-        self._write_text()  # stdout first: the two streams interleave as the events came
+        self._write_text(end=True)  # stdout first: the two streams interleave as the events came
         self.err.write(sanitize(text) + "\n")
         self.err.flush()
 
@@ -163,19 +168,19 @@ class TextPrinter(Renderer):
         self._line(f"[error] {event.message}")
 
     def turn_ended(self, event: TurnEnded) -> None:
-        self._write_text()
+        self._write_text(end=True)
         if not self._ended_line:
             self.out.write("\n")
             self.out.flush()
             self._ended_line = True
 
     def notice(self, event: Notice) -> None:
-        self._write_text()
+        self._write_text(end=True)
         self.err.write(f"{event.text}\n")
         self.err.flush()
 
     def child(self, event: ChildEvent) -> None:
-        self._write_text()
+        self._write_text(end=True)
         self.children.show(event)
 
     def note(self, text: str) -> None:
@@ -188,17 +193,57 @@ class JsonPrinter(Renderer):
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out or sys.stdout
+        # Per chunk type: the streamed text, redacted across chunks (a secret cut between two
+        # chunks is masked too); held text goes out as one more chunk before any other event.
+        self._streams: dict[str, tuple[StreamRedactor, str | None]] = {}
+
+    def _chunk(self, event: Any, kind: str) -> dict[str, Any] | None:
+        data = event_json(event)
+        content = data.get("content")
+        if not isinstance(content, dict) or content.get("type") != "text":
+            return data
+        redactor, _ = self._streams.get(kind) or (StreamRedactor(), None)
+        self._streams[kind] = (redactor, event.message_id)
+        shown = redactor.feed(event.text)
+        if shown == event.text:  # the flood's case: nothing held, nothing masked
+            return data
+        if not shown:
+            return None
+        return {**data, "text": shown, "content": {**content, "text": shown}}
+
+    def _held(self, keep: str | None = None) -> list[str]:
+        """What the chunk streams held back (but `keep`'s), as chunk events."""
+        lines = []
+        for kind, (redactor, message_id) in list(self._streams.items()):
+            if kind == keep:
+                continue
+            del self._streams[kind]
+            rest = redactor.end()
+            if rest:
+                lines.append(_encode({"type": kind, "text": rest, "content": {"type": "text", "text": rest},
+                                      "message_id": message_id}))
+        return lines
 
     def render(self, events: Sequence[Any]) -> None:
         lines = []
         for event in events:
             kind = type(event)
+            chunk_type = _CHUNK_TYPES.get(kind)
+            if chunk_type is not None:
+                lines.extend(self._held(keep=chunk_type))
+                data = self._chunk(event, chunk_type)
+                if data is not None:
+                    lines.append(_encode(data))
+                continue
+            lines.extend(self._held())
             if kind is Notice:
                 lines.append(json.dumps({"type": "note", "message": event.text}))
             elif kind is ChildEvent:
                 lines.append(_encode(child_json(event)))
             else:
                 lines.append(_encode(event_json(event)))
+        if not lines:
+            return
         lines.append("")
         # C1 and bidi controls escaped (the same JSON values), secrets masked: a terminal may show it.
         self.out.write(json_safe(redact("\n".join(lines))))

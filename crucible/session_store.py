@@ -36,7 +36,7 @@ from typing import IO, Any
 from crucible.config import data_dir
 from crucible.errors import CrucibleError
 from crucible.private_files import open_private, private_dir
-from crucible.redaction import redact
+from crucible.redaction import StreamRedactor, held_length, redact
 from crucible.terminal import sanitize
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
@@ -108,6 +108,7 @@ class SessionWriter:
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
+        self._md_stream = StreamRedactor()  # the section's streamed text: a secret cut between chunks is masked
         self.lock: IO[bytes] | None = None  # the entry's .lock, held while this writer is open
         self._unflushed_since: float | None = None  # monotonic time of the oldest unflushed write
         self._split: str | None = None  # a chunked event cut by a timed flush: the next one continues it
@@ -159,34 +160,50 @@ class SessionWriter:
             self.save_meta()
 
     def flush_due(self) -> None:
-        """Flush when something written is `FLUSH_EVERY` seconds old (call it at least that often)."""
+        """Flush when something written is `FLUSH_EVERY` seconds old (call it at least that often).
+        A message still streaming is cut there; its end that could begin a secret stays pending."""
         since = self._unflushed_since
         if since is not None and time.monotonic() - since >= FLUSH_EVERY:
-            if self._pending is not None:
-                self._split = self._pending["type"]
-            self.flush()
+            held = self._flush_pending(hold=True)
+            self._events.flush()
+            self._md.flush()
+            self._unflushed_since = time.monotonic() if held else None
 
-    def _flush_pending(self) -> None:
-        if self._pending is not None:
-            self._pending["text"] = "".join(self._pending_text)
+    def _flush_pending(self, *, hold: bool = False) -> bool:
+        """Write the growing chunked event. With `hold` (a timed cut, the message goes on): keep
+        its end pending when it could be the start of a secret; True if something was kept."""
+        if self._pending is None:
+            return False
+        text = redact("".join(self._pending_text))
+        keep = held_length(text) if hold else 0
+        if keep < len(text):
+            self._pending["text"] = text[:len(text) - keep]
             self._events.write(redact(json.dumps(self._pending, ensure_ascii=False, default=str)) + "\n")
-            self._pending = None
-            self._pending_text = []
+            if not keep:
+                if hold:
+                    self._split = self._pending["type"]  # the next chunk continues this message
+                self._pending = None
+                self._pending_text = []
+                return False
+            self._pending = {**self._pending, "t": round(time.time(), 3), "text": "", "cont": True}
+        self._pending_text = [text[len(text) - keep:]]
+        return True
 
     def _write_md(self, kind: str, text: str) -> None:
         if not text:
             return
-        text = redact(text)
         section = {"user_message": "## You", "agent_message": "## Agent",
                    "agent_thought": "### Thinking"}.get(kind)
+        if section != self._md_section:
+            self._md.write(self._md_stream.end())  # the previous section's last characters
         if section is None:
             self._md_section = None
-            self._md.write(f"\n\n{text}\n")
+            self._md.write(f"\n\n{redact(text)}\n")
             return
         if section != self._md_section:
             self._md.write(f"\n\n{section}\n\n")
             self._md_section = section
-        self._md.write(text)
+        self._md.write(self._md_stream.feed(text))
 
     def flush(self) -> None:
         self._flush_pending()
@@ -195,6 +212,7 @@ class SessionWriter:
         self._unflushed_since = None
 
     def close(self) -> None:
+        self._md.write(self._md_stream.end())
         self.flush()
         self.save_meta()
         self._events.close()

@@ -23,6 +23,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
 from prompt_toolkit.mouse_events import MouseEvent, MouseEventType
 
+from crucible.redaction import redact
 from crucible.terminal import sanitize
 from crucible.tui.markdown import (
     Fragments,
@@ -85,6 +86,7 @@ class TextEntry(Entry):
             self._add_line(line)
 
     def _add_line(self, line: str) -> None:
+        line = redact(line)  # whole: a secret the agent streamed in pieces is masked too
         self.source.append(line)
         if self.markdown and not self.state.in_code and len(line) <= _PEEK_LIMIT and is_table_row(line):
             self._table.append(line)
@@ -120,7 +122,7 @@ class TextEntry(Entry):
         """The entry's text as it came (markdown source), for copying."""
         lines = list(self.source)
         if self.partial:
-            lines.append(self.partial)
+            lines.append(redact(self.partial))
         return "\n".join(lines)
 
     def code_blocks(self) -> list[str]:
@@ -159,11 +161,12 @@ class TextEntry(Entry):
             yield from reversed(wrap([(self.base, label)], width))
             return
         # No cache needed: a frame wraps only the lines it shows.
-        if self.partial:
-            if len(self.partial) > _PEEK_LIMIT:
-                yield from self._sliced_reversed(self.partial, width)
+        partial = redact(self.partial)  # the line still streaming, a secret cut between chunks masked
+        if partial:
+            if len(partial) > _PEEK_LIMIT:
+                yield from self._sliced_reversed(partial, width)
             else:
-                frags = peek_line(self.partial, self.state, self.base) if self.markdown else [(self.base, self.partial)]
+                frags = peek_line(partial, self.state, self.base) if self.markdown else [(self.base, partial)]
                 yield from reversed(wrap(frags, width))
         for i in range(len(self.lines) - 1, -1, -1):
             line = self.lines[i]

@@ -344,3 +344,199 @@ def _cru_pid(pid: int) -> int:
     """`cru` itself: `pid`, or the process it exec'd into (the same pid), once it runs."""
     wait_until(lambda: "cru" in _cmdline(pid) and "chat" in _cmdline(pid), 10, "cru chat to run")
     return pid
+
+
+# -- delegated children, `cru mcp`'s upstreams, kill -9 of `cru acp` --------------------------
+
+HTTP_CAPS = {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}
+
+
+def _delegating_family(tmp: Path, env: dict[str, str], *, background: bool = False) -> tuple[dict[str, str], Path]:
+    """Profiles `parent` and `child` running the scripted agent: the parent delegates to the
+    child through its bridge (as a real agent does); the child streams, then stalls for ever and
+    survives its stdin closing. Returns the environment (its config) and the child's script."""
+    scripts = {
+        "parent": {"initialize": {"result": HTTP_CAPS}, "new_session": {"list_mcp_tools": True},
+                   "ignore_stdin_close": True, "prompts": [[
+                       {"mcp_call": {"server": "crucible", "tool": "delegate_session",
+                                     "arguments": {"target": "child", "prompt": "work for ever",
+                                                   "background": background}}, "as": "delegate"},
+                       {"sleep": 3600}]]},
+        "child": {"ignore_stdin_close": True, "prompts": [[{"text": "child at work\n"}, {"sleep": 3600}]]},
+    }
+    lines = []
+    for name, body in scripts.items():
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps(body))
+        lines += [f"[agents.{name}]", f"command = {json.dumps(sys.executable)}",
+                  f"args = [{json.dumps(str(REPO / 'fixtures' / 'scripted_agent.py'))}, {json.dumps(str(path))}]", ""]
+    lines += ["[permissions]", 'delegate_session = "allow"']
+    config = tmp / "family.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return {**env, "CRUCIBLE_CONFIG": str(config)}, tmp / "child.json"
+
+
+def _running(marker: Path, root: int) -> set[int]:
+    return {p for p in descendants(root) if str(marker) in _cmdline(p)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("background", [False, True], ids=["blocking", "background"])
+def test_a_delegated_child_dies_with_cru_chat_p(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                tmp_path: Path, sig: signal.Signals, background: bool) -> None:
+    env, child_script = _delegating_family(tmp_path, clean_env, background=background)
+    proc = subprocess.Popen([cru_bin, "chat", "-a", "parent", "--kiln", str(kiln), "--cwd", str(tmp_path),
+                             "-p", "delegate"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the child's events are shown on stderr, labelled with the chain
+            if "child at work" in line:
+                break
+        else:
+            raise AssertionError(f"the child never worked (cru exited {proc.wait()})")
+        child = _running(child_script, proc.pid)
+        assert child, "the delegated child is not running under cru"
+        tree = descendants(proc.pid)
+        started = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = _all_gone(tree, STOP_BOUND)
+    assert not left, f"left running after {sig.name} of cru chat -p: {[_cmdline(p) for p in left]}"
+    assert took < STOP_BOUND, f"cru chat -p took {took:.1f} s to stop on {sig.name}"
+
+
+def test_kill_9_of_cru_acp_takes_its_backends_and_their_delegated_children(
+        cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    env, child_script = _delegating_family(tmp_path, clean_env)
+    editor = RawAcp([cru_bin, "acp", "-a", "parent", "--kiln", str(kiln)], env, tmp_path, tmp_path / "acp.err")
+    try:
+        editor.initialize()
+        sid = editor.request("session/new", {"cwd": str(tmp_path), "mcpServers": []})["result"]["sessionId"]
+        editor.send({"jsonrpc": "2.0", "id": 77, "method": "session/prompt",
+                     "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}})
+        wait_until(lambda: _running(child_script, editor.proc.pid), 60, "the delegated child")
+        tree = descendants(editor.proc.pid)
+        assert len(_agent_pids(editor.proc.pid)) == 2  # the backend and its child
+        editor.proc.kill()
+        editor.proc.wait(10)
+        left = _all_gone(tree, STOP_BOUND)
+    finally:
+        editor.close()
+    assert not left, f"left running after kill -9 of cru acp: {[_cmdline(p) for p in left]}"
+
+
+def _mcp_with_upstream(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path, *,
+                       argv_prefix: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+    """A config with one stdio upstream that leaves a `sleep` running after its server exits,
+    and the argv of `cru mcp` with it."""
+    shell = f"'{sys.executable}' '{UPSTREAM}' stdio; sleep 3600"
+    config = tmp / "config.toml"
+    config.write_text(f'[[mcp.servers]]\nname = "up"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                      f'command = "/bin/sh"\nargs = ["-c", {json.dumps(shell)}]\n')
+    return config, [*argv_prefix, cru_bin, "--config", str(config), "mcp", "--kiln", str(kiln)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_stops_cru_mcp_and_its_upstream_servers_at_once(cru_bin: str, clean_env: dict[str, str],
+                                                                 kiln: Path, tmp_path: Path,
+                                                                 sig: signal.Signals) -> None:
+    _, argv = _mcp_with_upstream(cru_bin, clean_env, kiln, tmp_path)
+    client = RawAcp(argv, clean_env, tmp_path, tmp_path / "mcp.err")
+    try:
+        client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                      "clientInfo": {"name": "t", "version": "1"}})
+        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert "up_add" in json.dumps(client.request("tools/list", {}))
+        tree = descendants(client.proc.pid)
+        assert any("gateway_upstream.py" in _cmdline(p) for p in tree)
+        started = time.monotonic()
+        client.proc.send_signal(sig)
+        code = client.proc.wait(30)
+        took = time.monotonic() - started
+        left = _all_gone(tree, 2)
+    finally:
+        client.close()
+    assert not left, f"left running after {sig.name} of cru mcp: {[_cmdline(p) for p in left]}"
+    assert took < STOP_BOUND and code == 0, (took, code)
+    assert "Traceback" not in client.stderr()
+
+
+# An MCP client (as Claude Code runs `cru mcp`): starts it, lists its tools (which starts the
+# upstream), prints cru mcp's pid, then waits to be killed. With HOLD the pipe to cru mcp's
+# stdin is also held by the test, so the client's death closes nothing.
+MCP_CLIENT = r"""
+import json, os, subprocess, sys, time
+argv, read_fd, write_fd = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+proc = subprocess.Popen(argv, stdin=read_fd if read_fd >= 0 else subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL)
+def send(frame):
+    data = (json.dumps(frame) + "\n").encode()
+    if proc.stdin is not None:
+        proc.stdin.write(data); proc.stdin.flush()
+    else:
+        os.write(write_fd, data)
+def wait_id(i):
+    for line in proc.stdout:
+        frame = json.loads(line)
+        if frame.get("id") == i:
+            return frame
+send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+      "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+wait_id(1)
+send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+send({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+wait_id(2)
+print(proc.pid, flush=True)
+while True:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("hold_stdin", [False, True], ids=["stdin-eof", "parent-death-check"])
+def test_a_client_that_dies_takes_cru_mcp_and_its_upstreams(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                            tmp_path: Path, hold_stdin: bool) -> None:
+    _, argv = _mcp_with_upstream(cru_bin, clean_env, kiln, tmp_path)
+    read_fd, write_fd = os.pipe() if hold_stdin else (-1, -1)
+    pass_fds = (read_fd, write_fd) if hold_stdin else ()
+    client = subprocess.Popen([sys.executable, "-c", MCP_CLIENT, json.dumps(argv), str(read_fd), str(write_fd)],
+                              stdout=subprocess.PIPE, text=True, env=clean_env, pass_fds=pass_fds,
+                              start_new_session=True)
+    try:
+        assert client.stdout is not None
+        mcp_pid = int(wait_until(client.stdout.readline, 90, "cru mcp's tools"))
+        tree = descendants(mcp_pid) | {mcp_pid}
+        assert any("gateway_upstream.py" in _cmdline(p) for p in tree)
+        client.kill()  # the MCP client crashes
+        client.wait(10)
+        left = _all_gone(tree, 5)
+    finally:
+        if client.poll() is None:
+            client.kill()
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+    assert not left, f"left running after the client died: {[_cmdline(p) for p in left]}"
+
+
+def test_kill_9_of_the_interactive_chat_keeps_the_turn_and_takes_the_agent(cru_bin: str, clean_env: dict[str, str],
+                                                                         kiln: Path, tmp_path: Path) -> None:
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path)
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru)
+        assert _agent_pids(cru)
+        events = _session_folder(clean_env) / "events.jsonl"
+        wait_until(lambda: "and after it" in events.read_text(), 5, "the streamed text on disk")
+        os.kill(cru, signal.SIGKILL)
+        screen.wait_exit(30)
+        left = _all_gone(tree, STOP_BOUND)
+    finally:
+        screen.close()
+    assert not left, f"left running after kill -9 of cru chat: {[_cmdline(p) for p in left]}"
+    text = events.read_text()
+    assert "my question, kept" in text and "and after it" in text

@@ -68,8 +68,7 @@ def test_session_files_are_private(chat: Any) -> None:
     (folder,) = list((data / "sessions").iterdir())
     assert _mode(data) == FOLDER_MODE and _mode(data / "sessions") == FOLDER_MODE and _mode(folder) == FOLDER_MODE
     files = sorted(p.name for p in folder.iterdir())
-    # .lock: held while a cru writes the entry (a conversation open in two cru at once)
-    assert files == [".lock", "events.jsonl", "session.json", "transcript.md"]
+    assert files == [".lock", "events.jsonl", "session.json", "transcript.md"]  # .lock: the conversation lock
     assert all(_mode(folder / name) == FILE_MODE for name in files)
 
 
@@ -157,3 +156,52 @@ def test_the_chat_history_is_private(cru_bin: str, clean_env: dict[str, str], ki
     history = data / "chat-history"
     assert "my api key is hunter2" in history.read_text()
     assert _mode(history) == FILE_MODE and _mode(data) == FOLDER_MODE
+
+
+# The card's secret as an agent streams it: a token at a time, with a pause long enough for
+# the session's timed flush (1 s) to fall inside it.
+STREAMED_SECRET = [{"text": "the key is card-se"}, {"sleep": 0.2}, {"text": "cret-5d"}, {"sleep": 1.3},
+                   {"text": "1e9a"}, {"sleep": 0.2}, {"text": " and that is all"}]
+
+
+def test_a_secret_streamed_in_pieces_is_masked_on_stdout_and_in_the_saved_files(chat: Any) -> None:
+    _card_with_secrets(chat.kiln)
+    chat.env["CARD_TOKEN"] = CARD_SECRET
+    done = chat.run({"prompts": [STREAMED_SECRET]}, "hello", "--card", "keyed")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "the key is *** and that is all\n"
+    js = chat.run({"prompts": [STREAMED_SECRET]}, "hello", "--card", "keyed", "--format", "json")
+    assert js.returncode == 0, js.stderr
+    assert CARD_SECRET not in js.stdout
+    chunks = [e["text"] for e in map(json.loads, js.stdout.splitlines()) if e.get("type") == "message_chunk"]
+    assert "".join(chunks) == "the key is *** and that is all"
+    sessions = Path(chat.env["XDG_DATA_HOME"]) / "crucible" / "sessions"
+    folders = list(sessions.iterdir())
+    assert len(folders) == 2
+    for folder in folders:
+        for name in ("events.jsonl", "transcript.md", "session.json"):
+            assert CARD_SECRET not in (folder / name).read_text(), f"{folder.name}/{name}"
+        assert "the key is *** and that is all" in (folder / "transcript.md").read_text()
+        saved = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+        parts = [e for e in saved if e["type"] == "agent_message"]
+        assert len(parts) >= 2, parts  # the timed flush did cut the message (the case this is about)
+        assert "".join(e["text"] for e in parts) == "the key is *** and that is all"
+
+
+def test_a_secret_streamed_in_pieces_is_masked_in_the_full_screen_chat(cru_bin: str, clean_env: dict[str, str],
+                                                                       kiln: Path, tmp_path: Path) -> None:
+    _card_with_secrets(kiln)
+    script = script_file(tmp_path, {"prompts": [STREAMED_SECRET]})
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln), "--card", "keyed"]
+    screen = Screen(argv, {**clean_env, "CARD_TOKEN": CARD_SECRET, "TERM": "xterm-256color"}, tmp_path,
+                    cols=100, rows=30)
+    try:
+        screen.wait_for("ready", timeout=60)
+        screen.type_line("hello")
+        screen.wait_for("and that is all", timeout=60)
+        assert "the key is *** and that is all" in screen.text()
+        screen.send("\x04")
+        assert screen.wait_exit() == 0
+    finally:
+        screen.close()
+    assert CARD_SECRET.encode() not in bytes(screen.raw)

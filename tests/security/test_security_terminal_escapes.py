@@ -1,6 +1,7 @@
 """17.6: no agent-, note-, card- or session-derived string reaches the person's terminal with
 its control characters live: logs ("skipped a line"), start errors, `-p` output (text and
-JSON), and the commands that print notes, cards and sessions."""
+JSON), the commands that print notes, cards and sessions, and the full-screen chat (every
+place an agent's string is drawn, and the scrollback written when it ends)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conftest import RawAcp, script_file, scripted_command
+from conftest import RawAcp, Screen, script_file, scripted_command
 
 # OSC 0 (window title), OSC 52 (clipboard write), clear screen, RLO, and an 8-bit CSI.
 HOSTILE = "\x1b]0;pwned\x07 \x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J \u202e \x9b31m"
@@ -100,3 +101,61 @@ def test_cards_and_kiln_search_are_inert(cru_bin: str, clean_env: dict[str, str]
                            **run)
     assert found.returncode == 0 and "Evil" in found.stdout, found.stderr
     assert_inert(found.stdout + found.stderr, "kiln search")
+
+
+# What a live sequence of HOSTILE looks like in the bytes a terminal receives (the TUI's own
+# drawing uses escapes too, so the check is for these payloads, not for ESC as such).
+LIVE_BYTES = {b"\x1b]0;pwned": "OSC 0 (window title)", b"\x1b]52;c;": "OSC 52 (clipboard write)",
+              "\u202e".encode(): "RLO", "\x9b".encode(): "8-bit CSI"}
+
+
+def test_the_full_screen_chat_draws_every_agent_string_inert(cru_bin: str, clean_env: dict[str, str], kiln: Path,
+                                                             tmp_path: Path) -> None:
+    """Mode and command names, the session title, a thought, a plan, a tool call (title, path,
+    output), a permission dialog, a skipped line, the stderr of a crash and the message text,
+    all hostile: the pty receives none of it live — while the chat runs and in the scrollback
+    it writes on leaving."""
+    h = HOSTILE
+    script = {
+        "new_session": {
+            "result": {"modes": {"currentModeId": "m1", "availableModes": [{"id": "m1", "name": f"mode {h}"}]}},
+            "after": [{"commands": [{"name": "evil", "description": f"cmd {h}"}]}, {"title": f"title {h}"}]},
+        "prompts": [
+            [{"thought": f"thinking {h}"},
+             {"plan": [{"content": f"step {h}", "priority": "high", "status": "in_progress"}]},
+             {"garbage": f"junk {h}"},
+             {"tool_call": {"toolCallId": "t1", "title": f"tool {h}", "kind": "read", "status": "completed",
+                            "locations": [{"path": f"/tmp/loc {h}"}],
+                            "content": [{"type": "content", "content": {"type": "text", "text": f"output {h}"}}]}},
+             {"permission": {"toolCall": {"toolCallId": "t2", "title": f"ask {h}", "kind": "edit",
+                                          "rawInput": {"path": f"p {h}"}},
+                             "options": [{"optionId": "ok", "name": f"Allow {h}", "kind": "allow_once"},
+                                         {"optionId": "no", "name": "Reject", "kind": "reject_once"}]},
+              "as": "perm"},
+             {"text": f"answer {h} end-of-one"}],
+            [{"text": "partial"}, {"crash": {"code": 3, "stderr": f"fatal {h}"}}]],
+    }
+    argv = [cru_bin, "chat", "--agent-command", scripted_command(script_file(tmp_path, script)), "--kiln", str(kiln)]
+    screen = Screen(argv, {**clean_env, "TERM": "xterm-256color"}, tmp_path, cols=120, rows=40)
+    try:
+        screen.wait_for("ready", timeout=60)
+        screen.type_line("/help")
+        screen.wait_for("cmd ^[]0;pwned^G")
+        screen.type_line("/mode")
+        screen.wait_for("mode ^[]0;pwned^G")
+        screen.type_line("one")
+        screen.wait_for("Permission:")
+        screen.send("y")  # the allow-once key
+        screen.wait_for("end-of-one", timeout=60)
+        screen.type_line("two")
+        screen.wait_for("fatal ^[]0;pwned^G", timeout=60)
+        screen.send("\x04")  # Ctrl-D: leave, writing the conversation to the scrollback
+        assert screen.wait_exit() == 0
+    finally:
+        screen.close()
+    raw = bytes(screen.raw)
+    live = [what for pattern, what in LIVE_BYTES.items() if pattern in raw]
+    assert not live, f"the chat sent live {live} to the terminal"
+    # Every string was drawn (inert): the test saw what it checks.
+    for shown in ("thinking", "step", "tool", "output", "ask", "answer", "fatal", "mode"):
+        assert f"{shown} ^[]0;pwned^G".encode() in raw, f"{shown!r} was never drawn"
