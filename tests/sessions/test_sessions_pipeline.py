@@ -34,7 +34,7 @@ from crucible.events import (
     saved_events,
 )
 from crucible.renderers import JsonPrinter, TextPrinter, event_json
-from crucible.session_store import SessionMeta, SessionStore
+from crucible.session_store import SessionMeta, SessionStore, message_records
 
 REPO = Path(__file__).resolve().parents[2]
 FLOOD = REPO / "fixtures" / "flood_agent.py"
@@ -219,10 +219,10 @@ def test_chat_p_shows_a_whole_flood_in_order(tmp_path: Path, clean_env: dict[str
     lines = [json.loads(line) for line in js.stdout.splitlines()]
     assert [e["text"] for e in lines[:-1]] == [f"word{i} " for i in range(n)]
     assert lines[-1]["type"] == "turn_ended" and lines[-1]["stop_reason"] == "end_turn"
-    # Each run saved its flood once, as one message.
+    # Each run saved its flood once, as one message (written in parts when a timed flush cut it).
     store = SessionStore(Path(clean_env["XDG_DATA_HOME"]) / "crucible" / "sessions")
     assert len(store.list()) == 2
     for meta in store.list():
-        messages = [r for r in store.events(meta.id) if r["type"] == "agent_message"]
+        messages = [r for r in message_records(store.events(meta.id)) if r["type"] == "agent_message"]
         assert [m["text"] for m in messages] == ["".join(f"word{i} " for i in range(n))]
 
