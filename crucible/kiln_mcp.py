@@ -66,6 +66,8 @@ from mcp_bridge.tools import log_to_stderr
 T = TypeVar("T")
 
 TOKEN_ENV = "CRUCIBLE_MCP_TOKEN"
+# From this embedded share on, a search waits for the query embedder to load (once per process).
+DENSE_WAIT_SHARE = 0.5
 INSTRUCTIONS = (
     "Tools for the person's notes (the kiln): search them (semantic_search, text_search, "
     "property_search), read them (read_note, read_metadata, list_notes) and change them "
@@ -282,10 +284,15 @@ class CrucibleKilnBackend:
         from crucible.kiln import search
 
         def ranked() -> RankedResults:
-            index = self._indexer().open_index()
+            background = self._indexer()
+            index = background.open_index()
+            share = self._share(index)
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-            hits = self._redacted(search.hybrid_search(index, query, limit))
-            return RankedResults(results=hits, index=self._share(index))
+            # While the model still loads (seconds after start), a kiln mostly not embedded is
+            # searched by words at once: its few vectors are not worth the wait.
+            by_meaning = background.query_ready or share.embedded >= DENSE_WAIT_SHARE
+            hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
+            return RankedResults(results=hits, index=share)
 
         return self._call(query, ranked)
 

@@ -4,7 +4,9 @@
 the lexical index, which is read from the files in seconds), then embeds whatever is missing:
 in that thread (`mode="thread"`), or in a worker process at low CPU priority
 (`mode="process"`, `python -m crucible.kiln.builder`) whose writes this process follows.
-Searches use the index as soon as it is open: words first, vectors as they come.
+Searches use the index as soon as it is open: words first, vectors as they come. The query
+embedder (the built-in model: seconds to load) is loaded in the background too, once the index
+is open; until it is (`query_ready`), a kiln mostly not embedded is searched by words alone.
 
 Resumable: the update writes a group of notes at a time and the next one re-embeds only
 what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
@@ -79,6 +81,7 @@ class BackgroundIndex:
         self._index: Any = None  # KilnIndex once open (imported in the thread: Chroma is heavy)
         self._error: CrucibleError | None = None
         self._opened = threading.Event()
+        self._query_ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._worker: subprocess.Popen[str] | None = None
@@ -105,6 +108,12 @@ class BackgroundIndex:
         if self._error is not None:
             raise self._error
         return self._index
+
+    @property
+    def query_ready(self) -> bool:
+        """The query embedder is loaded (or failed to: the search says why): a search by
+        meaning does not wait for a model load. Never waits."""
+        return self._query_ready.is_set()
 
     @property
     def index(self) -> Any:
@@ -175,6 +184,9 @@ class BackgroundIndex:
             index.lexical()  # read from the files: searchable from here on
             self._index = index
             self._opened.set()
+            # Its own thread: a worker build follows the worker's output in this one.
+            threading.Thread(target=self._load_query_embedder, args=(index,), name="kiln-query-model",
+                             daemon=True).start()
             index.save_lexical()  # after: the first search need not wait for it
             share, notes = self._share()
             self._set(phase="embedding", embedded=share, notes=notes, force=True)
@@ -195,6 +207,16 @@ class BackgroundIndex:
                                      "cru kiln index"))
         finally:
             self._opened.set()
+
+    def _load_query_embedder(self, index: Any) -> None:
+        load = getattr(index.embedder, "load", None)  # the built-in model; a server needs none
+        try:
+            if load is not None and not self._stop.is_set():
+                load()
+        except Exception:  # the first search that needs it says why
+            log.debug("loading the query embedder failed", exc_info=True)
+        finally:
+            self._query_ready.set()
 
     def _fail(self, exc: CrucibleError) -> None:
         if self._index is None:
