@@ -288,9 +288,9 @@ class CrucibleKilnBackend:
             index = background.open_index()
             share = self._share(index)
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-            # While the model still loads (seconds after start), a kiln mostly not embedded is
-            # searched by words at once: its few vectors are not worth the wait.
-            by_meaning = background.query_ready or share.embedded >= DENSE_WAIT_SHARE
+            # A kiln mostly not embedded yet is searched by words at once while the query model
+            # loads in the background (seconds): its few vectors are not worth the wait.
+            by_meaning = share.embedded >= DENSE_WAIT_SHARE or background.query_embedder_ready()
             hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
             return RankedResults(results=hits, index=share)
 

@@ -5,8 +5,9 @@ the lexical index, which is read from the files in seconds), then embeds whateve
 in that thread (`mode="thread"`), or in a worker process at low CPU priority
 (`mode="process"`, `python -m crucible.kiln.builder`) whose writes this process follows.
 Searches use the index as soon as it is open: words first, vectors as they come. The query
-embedder (the built-in model: seconds to load) is loaded in the background too, once the index
-is open; until it is (`query_ready`), a kiln mostly not embedded is searched by words alone.
+embedder (the built-in model) takes seconds to load, holding the GIL for much of it: it is
+loaded when a search first needs it, in the background if the caller chose not to wait
+(`query_embedder_ready`).
 
 Resumable: the update writes a group of notes at a time and the next one re-embeds only
 what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
@@ -81,7 +82,8 @@ class BackgroundIndex:
         self._index: Any = None  # KilnIndex once open (imported in the thread: Chroma is heavy)
         self._error: CrucibleError | None = None
         self._opened = threading.Event()
-        self._query_ready = threading.Event()
+        self._model_loader: threading.Thread | None = None
+        self._model_tried = threading.Event()  # the loader ended (loaded, or failed: the search says why)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._worker: subprocess.Popen[str] | None = None
@@ -109,11 +111,21 @@ class BackgroundIndex:
             raise self._error
         return self._index
 
-    @property
-    def query_ready(self) -> bool:
-        """The query embedder is loaded (or failed to: the search says why): a search by
-        meaning does not wait for a model load. Never waits."""
-        return self._query_ready.is_set()
+    def query_embedder_ready(self) -> bool:
+        """Whether a query is embedded now, without loading a model first. If not, the model
+        starts loading in the background (once) and this says False until it is. Never waits."""
+        index = self.index
+        if index is None:
+            return False
+        embedder = index.embedder
+        if not hasattr(embedder, "load") or getattr(embedder, "loaded", True) or self._model_tried.is_set():
+            return True
+        with self._state_lock:
+            if self._model_loader is None:
+                self._model_loader = threading.Thread(target=self._load_query_embedder, args=(embedder,),
+                                                      name="kiln-query-model", daemon=True)
+                self._model_loader.start()
+        return False
 
     @property
     def index(self) -> Any:
@@ -184,9 +196,6 @@ class BackgroundIndex:
             index.lexical()  # read from the files: searchable from here on
             self._index = index
             self._opened.set()
-            # Its own thread: a worker build follows the worker's output in this one.
-            threading.Thread(target=self._load_query_embedder, args=(index,), name="kiln-query-model",
-                             daemon=True).start()
             index.save_lexical()  # after: the first search need not wait for it
             share, notes = self._share()
             self._set(phase="embedding", embedded=share, notes=notes, force=True)
@@ -208,15 +217,14 @@ class BackgroundIndex:
         finally:
             self._opened.set()
 
-    def _load_query_embedder(self, index: Any) -> None:
-        load = getattr(index.embedder, "load", None)  # the built-in model; a server needs none
+    def _load_query_embedder(self, embedder: Any) -> None:
         try:
-            if load is not None and not self._stop.is_set():
-                load()
-        except Exception:  # the first search that needs it says why
+            if not self._stop.is_set():
+                embedder.load()
+        except Exception:  # the next search embeds its query itself, and says why it cannot
             log.debug("loading the query embedder failed", exc_info=True)
         finally:
-            self._query_ready.set()
+            self._model_tried.set()
 
     def _fail(self, exc: CrucibleError) -> None:
         if self._index is None:
