@@ -6,8 +6,8 @@ in that thread (`mode="thread"`), or in a worker process at low CPU priority
 (`mode="process"`, `python -m crucible.kiln.builder`) whose writes this process follows.
 Searches use the index as soon as it is open: words first, vectors as they come. The query
 embedder (the built-in model) takes seconds to load, holding the GIL for much of it: it is
-loaded when a search first needs it, in the background if the caller chose not to wait
-(`query_embedder_ready`).
+loaded when a search first needs it, or in the background after a search that did without it
+(`query_embedder_ready`, `load_query_embedder`).
 
 Resumable: the update writes a group of notes at a time and the next one re-embeds only
 what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
@@ -112,20 +112,24 @@ class BackgroundIndex:
         return self._index
 
     def query_embedder_ready(self) -> bool:
-        """Whether a query is embedded now, without loading a model first. If not, the model
-        starts loading in the background (once) and this says False until it is. Never waits."""
+        """Whether a query is embedded now, without loading a model first. Never waits."""
         index = self.index
         if index is None:
             return False
         embedder = index.embedder
-        if not hasattr(embedder, "load") or getattr(embedder, "loaded", True) or self._model_tried.is_set():
-            return True
+        return not hasattr(embedder, "load") or getattr(embedder, "loaded", True) or self._model_tried.is_set()
+
+    def load_query_embedder(self, after: float = 0.0) -> None:
+        """Load the query model in the background `after` seconds from now (once): after the
+        answer that did without it is sent, since the load holds the GIL for long stretches."""
+        index = self.index
         with self._state_lock:
-            if self._model_loader is None:
-                self._model_loader = threading.Thread(target=self._load_query_embedder, args=(embedder,),
-                                                      name="kiln-query-model", daemon=True)
-                self._model_loader.start()
-        return False
+            if index is None or self._model_loader is not None or self.query_embedder_ready():
+                return
+            self._model_loader = threading.Timer(after, self._load_query_embedder, args=(index.embedder,))
+            self._model_loader.name = "kiln-query-model"
+            self._model_loader.daemon = True
+            self._model_loader.start()
 
     @property
     def index(self) -> Any:

@@ -1,6 +1,7 @@
 """Issue 15: a search on a kiln mostly not embedded yet does not wait for the query model to
-load (seconds, holding the GIL): it answers by words while the model loads in the background,
-once; a kiln mostly embedded waits for it as before (`cru mcp`'s semantic_search)."""
+load (seconds, holding the GIL): it answers by words, then the model loads in the background,
+once, for the next search; a kiln mostly embedded waits for it as before (`cru mcp`'s
+semantic_search)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def test_the_query_model_loads_once_in_the_background_when_asked(tiny_kiln: Path
         model = SlowModel()
         index.embedder = model
         assert background.query_embedder_ready() is False  # not loaded: the caller goes on by words
-        assert model.started.wait(10)  # ... and the load started, in the background
+        assert not model.started.is_set()  # asking does not load it
+        background.load_query_embedder(after=0.05)
+        assert model.started.wait(10)  # the load started, in the background
+        background.load_query_embedder()
         assert background.query_embedder_ready() is False  # still loading: no second load
         model.release.set()
         deadline = time.monotonic() + 10
