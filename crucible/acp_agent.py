@@ -84,6 +84,9 @@ CRUCIBLE_COMMANDS: list[dict[str, Any]] = [
      "input": {"hint": "what to look for"}},
 ]
 _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
+# The editor is told the kiln is being indexed when at least this many notes wait for their
+# vectors at a turn's start (a few seconds of work or more); a small kiln's build ends unseen.
+INDEX_NOTICE_NOTES = 100
 # The methods served here, refused until `initialize` (an unknown one is -32601 either way).
 _AFTER_INITIALIZE = frozenset({"session/new", "session/load", "session/resume", "session/list", "session/close",
                                "session/prompt", "session/set_config_option", "session/set_mode", "authenticate"})
@@ -126,6 +129,7 @@ class ProxySession:
     backend_options: list[Any] = field(default_factory=list)
     commands_sent: bool = False
     warnings_told: int = 0  # how many of the session's warnings the editor has been shown
+    index_told: str = ""  # what the editor was told of the kiln's index: "", "indexing", "ready", "failed"
     close_requested: trio.Event = field(default_factory=trio.Event)
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -571,6 +575,7 @@ class AcpAgentServer:
         if proxy.cs.acp is not None and proxy.cs.acp.turn_running:
             raise JsonRpcError(INVALID_PARAMS, "a turn is already running in this session; cancel it first")
         await self._tell_warnings(proxy)
+        await self._tell_index(proxy)
         ended = await self._turn(proxy, text, extra)
         if ended.error is not None:
             failure = proxy.cs.failure  # a known cause: the editor gets it with the fix
@@ -676,6 +681,31 @@ class AcpAgentServer:
         if new:
             proxy.warnings_told += len(new)
             await self._say(proxy, "".join(f"⚠ Crucible: {w}\n\n" for w in new))
+
+    async def _tell_index(self, proxy: ProxySession) -> None:
+        """Like the warnings, at a turn's start: once that the kiln is still being indexed
+        (searches match by words until then), once more when it is ready, or why it failed."""
+        backend = proxy.cs.bridge.backend if proxy.cs.bridge is not None else None
+        if backend is None or not hasattr(backend, "index_state") or proxy.index_told in ("ready", "failed"):
+            return
+        state = backend.index_state()
+        text = ""
+        if state.phase == "failed":
+            proxy.index_told = "failed"
+            text = (f"⚠ Crucible: the kiln's index could not be built ({backend.redact(state.problem or '')}); "
+                    "searching the kiln matches words only. `cru kiln index` tries again and says why")
+        elif proxy.index_told == "":
+            left = round((1.0 - state.embedded) * state.notes)
+            if state.phase in ("embedding", "waiting") and left >= INDEX_NOTICE_NOTES:
+                proxy.index_told = "indexing"
+                text = (f"Crucible: the kiln's {state.notes:,} notes are being indexed in the background "
+                        f"({int(state.embedded * 100)}% done); until then searching the kiln matches words "
+                        "more than meaning")
+        elif state.phase == "ready":
+            proxy.index_told = "ready"
+            text = f"Crucible: the kiln's index is ready: searching its {state.notes:,} notes matches meaning too"
+        if text:
+            await self._say(proxy, text + "\n\n")
 
     async def _say(self, proxy: ProxySession, text: str) -> None:
         assert self.peer is not None

@@ -66,6 +66,10 @@ from mcp_bridge.tools import log_to_stderr
 T = TypeVar("T")
 
 TOKEN_ENV = "CRUCIBLE_MCP_TOKEN"
+# From this embedded share on, a search waits for the query embedder to load (once per process).
+DENSE_WAIT_SHARE = 0.5
+# Seconds between a search answered without the query model and the start of its load.
+MODEL_LOAD_DELAY = 1.0
 INSTRUCTIONS = (
     "Tools for the person's notes (the kiln): search them (semantic_search, text_search, "
     "property_search), read them (read_note, read_metadata, list_notes) and change them "
@@ -282,10 +286,18 @@ class CrucibleKilnBackend:
         from crucible.kiln import search
 
         def ranked() -> RankedResults:
-            index = self._indexer().open_index()
+            background = self._indexer()
+            index = background.open_index()
+            share = self._share(index)
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
-            hits = self._redacted(search.hybrid_search(index, query, limit))
-            return RankedResults(results=hits, index=self._share(index))
+            # A kiln mostly not embedded yet is searched by words at once while the query model
+            # is not loaded (seconds): its few vectors are not worth the wait. The model loads
+            # in the background after this answer, for the next search.
+            by_meaning = share.embedded >= DENSE_WAIT_SHARE or background.query_embedder_ready()
+            hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
+            if not by_meaning and share.embedded > 0:
+                background.load_query_embedder(after=MODEL_LOAD_DELAY)
+            return RankedResults(results=hits, index=share)
 
         return self._call(query, ranked)
 

@@ -4,7 +4,10 @@
 the lexical index, which is read from the files in seconds), then embeds whatever is missing:
 in that thread (`mode="thread"`), or in a worker process at low CPU priority
 (`mode="process"`, `python -m crucible.kiln.builder`) whose writes this process follows.
-Searches use the index as soon as it is open: words first, vectors as they come.
+Searches use the index as soon as it is open: words first, vectors as they come. The query
+embedder (the built-in model) takes seconds to load, holding the GIL for much of it: it is
+loaded when a search first needs it, or in the background after a search that did without it
+(`query_embedder_ready`, `load_query_embedder`).
 
 Resumable: the update writes a group of notes at a time and the next one re-embeds only
 what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
@@ -79,6 +82,8 @@ class BackgroundIndex:
         self._index: Any = None  # KilnIndex once open (imported in the thread: Chroma is heavy)
         self._error: CrucibleError | None = None
         self._opened = threading.Event()
+        self._model_loader: threading.Thread | None = None
+        self._model_tried = threading.Event()  # the loader ended (loaded, or failed: the search says why)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._worker: subprocess.Popen[str] | None = None
@@ -105,6 +110,26 @@ class BackgroundIndex:
         if self._error is not None:
             raise self._error
         return self._index
+
+    def query_embedder_ready(self) -> bool:
+        """Whether a query is embedded now, without loading a model first. Never waits."""
+        index = self.index
+        if index is None:
+            return False
+        embedder = index.embedder
+        return not hasattr(embedder, "load") or getattr(embedder, "loaded", True) or self._model_tried.is_set()
+
+    def load_query_embedder(self, after: float = 0.0) -> None:
+        """Load the query model in the background `after` seconds from now (once): after the
+        answer that did without it is sent, since the load holds the GIL for long stretches."""
+        index = self.index
+        with self._state_lock:
+            if index is None or self._model_loader is not None or self.query_embedder_ready():
+                return
+            self._model_loader = threading.Timer(after, self._load_query_embedder, args=(index.embedder,))
+            self._model_loader.name = "kiln-query-model"
+            self._model_loader.daemon = True
+            self._model_loader.start()
 
     @property
     def index(self) -> Any:
@@ -195,6 +220,15 @@ class BackgroundIndex:
                                      "cru kiln index"))
         finally:
             self._opened.set()
+
+    def _load_query_embedder(self, embedder: Any) -> None:
+        try:
+            if not self._stop.is_set():
+                embedder.load()
+        except Exception:  # the next search embeds its query itself, and says why it cannot
+            log.debug("loading the query embedder failed", exc_info=True)
+        finally:
+            self._model_tried.set()
 
     def _fail(self, exc: CrucibleError) -> None:
         if self._index is None:

@@ -388,6 +388,11 @@ class MiniLMEmbedder:
         """Load the model now (else the first `embed` does); CrucibleError if the weights are missing."""
         _runtime(self.threads, self.int8)
 
+    @property
+    def loaded(self) -> bool:
+        """The model is loaded in this process: `embed` does not wait for it. Never waits."""
+        return any(key[1:] == (self.threads, self.int8) for key in list(_runtimes))
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts)
         if not texts:

@@ -229,8 +229,9 @@ def fuse(
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchHit]:
-    """Notes by meaning and by words: the dense and BM25 rankings fused (see `fuse`)."""
+def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: bool = True) -> list[SearchHit]:
+    """Notes by meaning and by words: the dense and BM25 rankings fused (see `fuse`).
+    `by_meaning=False`: by words alone (the caller will not wait for the query embedder)."""
     check_query(query, limit)
     depth = max(FUSION_DEPTH, limit)
     lexical = lexical_ranking(index, query, depth)
@@ -238,7 +239,7 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchH
     vector = np.zeros(0, dtype=np.float32)
     # Lexical first: with no vectors yet (or vectors of another embedder, rebuilt in the
     # background), the words alone answer; what is embedded joins as it comes.
-    if not index.needs_rebuild and index.count_notes() > 0:
+    if by_meaning and not index.needs_rebuild and index.count_notes() > 0:
         vector = index.embed_query(query)
         ranked = dense_ranking(index, vector, depth)
     embedded = index.embedded_paths() if ranked else frozenset()

@@ -160,6 +160,15 @@ class ChatUI:
         """Output changed: a paced redraw."""
         self.pacer.request()
 
+    def refresh_from_thread(self) -> None:
+        """A paced redraw asked from another thread (the kiln's indexing thread): handed to trio."""
+        token = self.token
+        if token is not None:
+            try:
+                token.run_sync_soon(self.refresh)
+            except trio.RunFinishedError:
+                pass
+
     def refresh_now(self) -> None:
         # The keys go to what asks: a question first, then the /sessions picker, else the input box.
         target = self.dialog_window if self.dialog_up else self.picker.window if self.picker.open else self.input_window

@@ -4,11 +4,17 @@ usage behind it (and `/usage`), and the agent's plan shown above the input.
 While a turn runs the state shows a spinner and the time since the prompt was sent, so a
 long tool call (a slow search) still shows the turn is alive. A turn's plan is pinned above
 the input until the next prompt is sent: then it goes into the transcript as it finished, and
-the next turn starts with none."""
+the next turn starts with none.
+
+While the session's kiln is being embedded the bar ends with `indexing 34%` (gone when the
+index is ready; `index failed: why` if it cannot be built). The index's state is read at each
+draw (a lock, no I/O); the indexing thread only asks for a redraw when it changes."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prompt_toolkit.formatted_text import StyleAndTextTuples
@@ -19,6 +25,7 @@ from crucible.terminal import sanitize
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 TICK = 0.125  # seconds between two frames of the spinner
+INDEX_PROBLEM_CHARS = 60  # of a failed index's reason in the bar (`cru kiln info` has it whole)
 
 
 def fmt_tokens(n: int) -> str:
@@ -39,6 +46,7 @@ class StatusBar:
         self.session_tokens = 0
         self.turns = 0
         self.turn_started_at: float | None = None  # while a turn runs
+        self._index_backend: Any = None  # the kiln backend whose index the bar shows
 
     # -- what changes it ----------------------------------------------------------------
     def set_flash(self, text: str, seconds: float) -> None:
@@ -73,6 +81,32 @@ class StatusBar:
             self.turn_tokens = event.usage.total_tokens
             self.session_tokens += event.usage.total_tokens
 
+    def follow_index(self, backend: Any, wake: Callable[[], None]) -> None:
+        """Show `backend`'s kiln index while it builds. `wake` is called (from the indexing
+        thread: it must be thread-safe) at each change of its state, at most every ~0.5 s.
+        The backend outlives a /restart (one per kiln per process): followed once."""
+        if backend is self._index_backend or not hasattr(backend, "index_state"):
+            return
+        self._index_backend = backend
+        backend.on_index_state(lambda _state: wake())
+
+    def index_text(self) -> str | None:
+        """`indexing 34%` while the kiln's notes are being embedded, `index failed: why`, or
+        None (ready, or nothing to show yet: while it opens it is not known to be incomplete)."""
+        if self._index_backend is None:
+            return None
+        state = self._index_backend.index_state()
+        if state.phase == "failed":
+            # The embedder's URL says little here and takes the room of the reason.
+            problem = re.sub(r" at https?://\S+", "", sanitize(state.problem or "see cru kiln info"))
+            if len(problem) > INDEX_PROBLEM_CHARS:
+                problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
+            return f"index failed: {problem}"
+        if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
+            percent = int(state.embedded * 100)  # 99.7% is not done: never shows 100
+            return f"indexing {percent}%" + (" (another cru)" if state.phase == "waiting" else "")
+        return None
+
     # -- drawing ------------------------------------------------------------------------
     def text(self, acp: Any, waiting: bool) -> StyleAndTextTuples:
         """The bar; `acp`: the session's ACP session (mode, model), if any."""
@@ -93,6 +127,9 @@ class StatusBar:
             parts.append(f"{fmt_tokens(self.session_tokens)} tok")
         if self.cost is not None:
             parts.append(f"{self.cost[0]:.4f} {self.cost[1]}")
+        index = self.index_text()
+        if index is not None:  # last: the session's own state comes first on a narrow screen
+            parts.append(index)
         text = " " + " │ ".join(parts)
         if self.flash and time.monotonic() < self.flash_until:
             return [("class:status.flash", f" {self.flash} "), ("class:status", text)]

@@ -1,0 +1,75 @@
+"""Issue 15: `cru acp` tells the editor once that the kiln is being indexed (as the session's
+other notices: the first lines of a turn), and once more when the index is ready.
+
+The embedder is a real HTTP server (fixtures/gated_embedder.py) that the test lets answer, so
+the build (in its real worker process) waits until the test lets it go on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from acp.schema import InitializeResponse, TextContentBlock
+from acp_agent_driver import AcpSetup, Editor, drive, pids_with
+from gated_embedder import GatedEmbedder
+
+NOTES = 200
+INDEXING = ("Crucible: the kiln's 200 notes are being indexed in the background (0% done); until then "
+            "searching the kiln matches words more than meaning\n\n")
+READY = "Crucible: the kiln's index is ready: searching its 200 notes matches meaning too\n\n"
+
+
+@pytest.fixture
+def big(tmp_path: Path, clean_env: dict[str, str], cru_bin: str) -> AcpSetup:
+    kiln = tmp_path / "kiln"
+    for i in range(NOTES):
+        path = kiln / f"part-{i // 50}" / f"note-{i:03d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Note {i}\n\nAbout the lantern and the word uniqueword{i}.\n")
+    setup = AcpSetup(tmp_path, clean_env, kiln, cru_bin)
+    setup.script({"new_session": {"list_mcp_tools": True}})  # the echo agent, with the kiln tools
+    return setup
+
+
+def text(prompt: str) -> list[TextContentBlock]:
+    return [TextContentBlock(type="text", text=prompt)]
+
+
+def test_the_editor_is_told_once_that_the_kiln_is_indexed_and_once_that_it_is_ready(big: AcpSetup) -> None:
+    editor = Editor()
+    with GatedEmbedder() as embedder:
+        config = Path(big.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml())
+
+        async def body(conn: Any, init: InitializeResponse) -> str:
+            new = await conn.new_session(cwd=str(big.work), mcp_servers=[])
+            sid = str(new.session_id)
+            # The session's background build is embedding (held by the embedder).
+            assert await asyncio.to_thread(embedder.requested.wait, 60)
+            for words in ("one", "two"):
+                resp = await conn.prompt(session_id=sid, prompt=text(words))
+                assert resp.stop_reason == "end_turn"
+            assert editor.text(sid) == INDEXING + "echo: one" + "echo: two"  # told once, first
+            embedder.open()
+            # Ready soon: each turn's start looks (bounded); the editor hears it once.
+            deadline = time.monotonic() + 120
+            turns = 0
+            while READY not in editor.text(sid):
+                assert time.monotonic() < deadline, editor.text(sid)
+                turns += 1
+                await conn.prompt(session_id=sid, prompt=text(f"poll {turns}"))
+                await asyncio.sleep(0.2)
+            await conn.prompt(session_id=sid, prompt=text("after"))
+            return sid
+
+        with open(big.stderr_path, "ab") as err:
+            sid, code = asyncio.run(drive(big.argv(), big.env, editor, err.fileno(), body, body_seconds=240))
+    assert code == 0, big.stderr()[-3000:]
+    assert not pids_with(str(big.script_path)), "a backend agent outlived cru acp"
+    said = editor.text(sid)
+    assert said.count("being indexed") == 1 and said.count("index is ready") == 1, said
+    assert said.endswith(READY + f"echo: poll {said.count('echo: poll')}" + "echo: after"), said

@@ -1,0 +1,97 @@
+"""Issue 15: `cru chat`'s status bar shows the kiln's index while it is built in the background
+(`indexing 16%`), and not once it is ready; a failed build shows why, shortly.
+
+The embedder is a real HTTP server (fixtures/gated_embedder.py) that the test lets answer, so
+the build (in its real worker process) stops where the test wants it and goes on when told."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Screen, TuiRunner, group_gone
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+from gated_embedder import GatedEmbedder  # noqa: E402
+
+NOTES = 200  # one chunk each: groups of 32 notes, one embedder request each (batch_size 32)
+CTRL_D = "\x04"
+INDEXING = re.compile(r"indexing (\d+)%")
+
+
+@pytest.fixture
+def kiln(tmp_path: Path) -> Path:
+    root = tmp_path / "kiln"
+    for i in range(NOTES):
+        path = root / f"part-{i // 50}" / f"note-{i:03d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Note {i}\n\nAbout the lantern and the word uniqueword{i}.\n")
+    return root
+
+
+@pytest.fixture
+def embedder(tui: TuiRunner) -> Iterator[GatedEmbedder]:
+    with GatedEmbedder() as server:
+        config = Path(tui.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(server.config_toml())
+        yield server
+
+
+def status(screen: Screen) -> str:
+    return screen.text().splitlines()[-1]  # the status bar is the screen's last row
+
+
+def percent(screen: Screen) -> int | None:
+    m = INDEXING.search(status(screen))
+    return int(m.group(1)) if m else None
+
+
+def shows_within(screen: Screen, pred: object, seconds: float) -> bool:
+    try:
+        screen.wait_for(lambda _s: pred(), timeout=seconds)  # type: ignore[operator]
+    except AssertionError:
+        if not screen.child.isalive():
+            raise
+        return False
+    return True
+
+
+def leave(screen: Screen) -> None:
+    screen.send(CTRL_D)
+    assert screen.wait_exit() == 0
+    assert group_gone(screen.child.pid), "cru chat left processes behind"
+
+
+def test_the_status_bar_shows_the_index_build_then_not(tui: TuiRunner, embedder: GatedEmbedder) -> None:
+    screen = tui.open(None, cols=120)
+    # Nothing embedded: the build waits on the embedder, the bar says how far it is.
+    screen.wait_for(lambda _s: percent(screen) == 0 and "ready" in status(screen), timeout=60)
+    assert embedder.requested.wait(60)
+    # One group of notes at a time: the share goes up, and the chat answers meanwhile.
+    for _ in range(NOTES // 32):
+        embedder.allow(1)
+        if shows_within(screen, lambda: (percent(screen) or 0) > 0, 5):
+            break
+    shown = percent(screen)
+    assert shown is not None and 0 < shown < 100, status(screen)
+    screen.type_line("hello")
+    screen.wait_for("echo: hello")
+    assert percent(screen) is not None and embedder.answered < NOTES // 32 + 1  # still building
+    # The rest: the bar no longer speaks of the index once it is ready.
+    embedder.open()
+    screen.wait_for(lambda _s: "ready" in status(screen) and "index" not in status(screen), timeout=120)
+    leave(screen)
+
+
+def test_a_failed_index_shows_a_short_reason(tui: TuiRunner, embedder: GatedEmbedder) -> None:
+    embedder.fail(500, '{"error": "model gated is not loaded"}')
+    screen = tui.open(None, cols=120)
+    bar = screen.wait_for(lambda _s: "index failed:" in status(screen), timeout=120).splitlines()[-1]
+    reason = bar.split("index failed: ", 1)[1].strip()
+    assert reason.startswith("the openai embedder answered HTTP 500"), bar
+    assert "http://" not in reason and len(reason) <= 60, bar
+    leave(screen)
