@@ -33,7 +33,7 @@ def test_agents_reports_found_missing_and_broken(npm_ready: None, tmp_path: Path
     # No key for gemini in this environment: not "ok" beside a problem, but what is missing (16.7).
     assert lines["gemini"].split()[1] == "login" and "GEMINI_API_KEY" in res.stdout, res.stdout
     assert lines["codex"].split()[1] == "missing"
-    assert "npm install -g @zed-industries/codex-acp" in res.stdout
+    assert "npm install -g @agentclientprotocol/codex-acp" in res.stdout
     assert lines["broken"].split()[1] == "broken"
     assert "initialize" in res.stdout
 

@@ -101,6 +101,8 @@ def test_sessions_finds_a_conversation_by_its_text_and_the_chat_goes_on_with_it(
     second_log = tui.tmp / "second-log.jsonl"
     resumed = frames(second_log, "session/resume")
     assert [f["params"]["sessionId"] for f in resumed] == [store.meta(second.id).agent_session_id]
+    # (the agent logs a frame as it handles it: the answer can be on screen a moment before)
+    wait_until(lambda: len(frames(second_log, "session/prompt")) >= 2)
     assert [p["params"]["prompt"][0]["text"] for p in frames(second_log, "session/prompt")] == [
         "tell me about the old town", "and after dusk?"]
     assert frames(tui.tmp / "first-log.jsonl", "session/resume") == []
