@@ -161,6 +161,12 @@ def _old_event_json(event: Any) -> dict[str, Any]:
 def test_the_json_printer_keeps_the_format_of_every_event() -> None:
     from acp import schema
 
+    from crucible.redaction import forget_all
+
+    # Secrets other tests of this process remembered (bridge tokens) would hold back a chunk's
+    # end that could begin one and split it: this test is about the format only.
+    forget_all()
+
     events: list[Any] = [
         MessageChunk("é\n", {"type": "text", "text": "é\n"}, "m1"), ThoughtChunk("hm", {"type": "text", "text": "hm"}),
         UserChunk("hi", {"type": "text", "text": "hi"}),
