@@ -249,7 +249,8 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
     cru_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
     root = tmp_path / "kiln"
-    write_notes(root, many_notes(500))
+    notes = 1500  # enough that the session's build is still running when the other cru starts
+    write_notes(root, many_notes(notes))
     params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
     async with Client(params, mode="legacy") as c:
         async def phase() -> dict[str, Any]:
@@ -266,7 +267,7 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
                                       capture_stdout=True, capture_stderr=True, check=False)
         assert info.returncode == 0, info.stderr.decode()
         index = json.loads(info.stdout)["index"]
-        assert index["building"]["pid"] != os.getpid() and index["building"]["notes_total"] == 500
+        assert index["building"]["pid"] != os.getpid() and index["building"]["notes_total"] == notes
         assert 0.0 <= index["embedded"] < 1.0
         # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
         other = await trio.run_process(
@@ -275,14 +276,14 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         err = other.stderr.decode()
         assert other.returncode == 0, err
         assert "waiting for another cru (pid" in err and "locked" not in err
-        assert json.loads(other.stdout)["notes_seen"] == 500
+        assert json.loads(other.stdout)["notes_seen"] == notes
         # the session searched throughout and ends with the whole kiln embedded
         with trio.fail_after(120):
             while (state := await phase()).get("phase") != "ready":  # noqa: ASYNC110 - seen by asking
                 await trio.sleep(0.1)
-        assert state["embedded"] == 1.0 and state["notes"] == 500
+        assert state["embedded"] == 1.0 and state["notes"] == notes
         r = await c.call_tool("semantic_search", {"query": "uniqueword123", "limit": 1})
         assert r.structured_content is not None
         assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
-        assert r.structured_content["index"] == {"embedded": 1.0, "notes": 500}
+        assert r.structured_content["index"] == {"embedded": 1.0, "notes": notes}
     assert not [p for p in os.listdir(root / ".crucible") if p.endswith(".json") and "build" in p]
