@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,8 +20,16 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def fixture_kiln_src() -> Path:
-    """The project's own sample kiln (read-only: copy it with `tmp_kiln` before writing)."""
+    """The project's own sample kiln (read-only: the `kiln` fixture is a copy to write in)."""
     return REPO_ROOT / "fixtures" / "kiln"
+
+
+@pytest.fixture
+def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
+    """A writable copy of the sample kiln, without its index (e2e and plugins have their own)."""
+    dest = tmp_path / "kiln"
+    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
+    return dest
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -142,13 +141,6 @@ async def wait_for(predicate: Any, bound: float = 30, what: str = "condition") -
     with trio.fail_after(bound):
         while not predicate():  # noqa: ASYNC110
             await trio.sleep(0.02)
-
-
-@pytest.fixture
-def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
-    dest = tmp_path / "kiln"
-    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
-    return dest
 
 
 def write_config(folder: Path, text: str) -> Path:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +36,6 @@ BOMB_YAML = "".join(
 )
 # Six levels (531,441 values): costs today's code ~1 s, so tests can show it is not refused.
 SMALL_BOMB_YAML = "".join(BOMB_YAML.splitlines(keepends=True)[:6])
-
-
-@pytest.fixture
-def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
-    dest = tmp_path / "kiln"
-    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
-    return dest
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,13 +16,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
-
-
-@pytest.fixture
-def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
-    dest = tmp_path / "kiln"
-    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
-    return dest
 
 
 class ChatRunner:

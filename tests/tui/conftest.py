@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -141,13 +140,6 @@ class TuiRunner:
                     return entry
             time.sleep(0.05)
         raise AssertionError(f"agent log never matched; log tail: {self.agent_log()[-5:]}")
-
-
-@pytest.fixture
-def kiln(tmp_path: Path, fixture_kiln_src: Path) -> Path:
-    dest = tmp_path / "kiln"
-    shutil.copytree(fixture_kiln_src, dest, ignore=shutil.ignore_patterns(".crucible"))
-    return dest
 
 
 @pytest.fixture
