@@ -157,15 +157,18 @@ class AcpClient:
 
     async def describe_exit(self, when: str = "during the turn") -> str:
         """Why the connection ended, for the person: exit code and stderr tail if known."""
+        # By its name, not its command line: the person chose the agent, and a full command
+        # (absolute venv paths) in the chat wraps over rows and pushes the conversation away.
+        agent = self.peer.name
         proc = self.process
         if proc is None:
-            return f"the connection to the agent ({self.command}) closed {when}"
+            return f"the connection to the agent {agent} closed {when}"
         with trio.move_on_after(2):
             await proc.exited.wait()
         if proc.returncode is None:
-            text = f"the agent ({self.command}) closed its output {when}"
+            text = f"the agent {agent} closed its output {when}"
         else:
-            text = f"the agent ({self.command}) exited {when} with exit code {proc.returncode}"
+            text = f"the agent {agent} exited {when} with exit code {proc.returncode}"
         tail = proc.stderr_tail().strip()
         return f"{text}; its last stderr output:\n{tail}" if tail else f"{text} (no stderr output)"
 
