@@ -284,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _reader_left()
         err = _find(exc, CrucibleError)
         if err is None:
-            raise
+            if not isinstance(exc, Exception):  # SystemExit and the like keep their meaning
+                raise
+            return _report_bug(exc)
         print(f"cru: {sanitize(str(err))}", file=sys.stderr)
         return 1
     finally:
@@ -293,6 +295,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The `cru` program is about to exit: spare the interpreter's last collections over
             # the SDKs' ~10^5 objects (0.2-0.5 s before the shell gets its prompt back).
             gc.freeze()
+
+
+def _report_bug(exc: Exception) -> int:
+    """An error Crucible did not expect: its traceback, for the report, through `sanitize`,
+    as every other line cru prints: the message can carry an agent's, a note's or a server's
+    text (escape sequences made visible) or a secret (masked)."""
+    import traceback
+
+    from crucible.terminal import sanitize
+
+    sys.stderr.write(sanitize("".join(traceback.format_exception(exc))))
+    sys.stderr.write("cru: this is a bug in Crucible, not something you did: please report it with the "
+                     "command you ran and the lines above\n")
+    sys.stderr.flush()
+    return 1
 
 
 def _only_interrupts(exc: BaseException) -> bool:

@@ -107,3 +107,41 @@ def test_version_prints_the_installed_version(cru_bin: str) -> None:
     res = subprocess.run([cru_bin, "--version"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
     assert res.stdout.strip() == f"cru {importlib.metadata.version('crucible-acp')}"
+
+
+# --- an error cru did not expect --------------------------------------------------------------
+
+def test_an_unexpected_error_is_reported_sanitized_and_as_a_bug(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import crucible.cli as cli
+    from crucible.redaction import forget_all, remember_secret
+
+    secret = "tok-3f9a1c77e2b14d0a"
+    remember_secret(secret)
+
+    def handler(args: object) -> int:  # a bug whose message carries a server's hostile text
+        raise RuntimeError(f"upstream said \x1b]0;pwned\x07\x1b[2J with {secret}")
+
+    monkeypatch.setattr(cli, "_resolve", lambda key: handler)
+    try:
+        code = cli.main(["doctor"])
+    finally:
+        forget_all()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback" in err and "RuntimeError: upstream said" in err  # the report a developer needs
+    assert "\x1b" not in err and "\x07" not in err and "^[]0;pwned^G" in err  # shown, not obeyed
+    assert secret not in err and "***" in err
+    assert "this is a bug in Crucible" in err
+
+
+def test_sys_exit_inside_a_command_keeps_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    import crucible.cli as cli
+
+    def handler(args: object) -> int:
+        raise SystemExit(4)
+
+    monkeypatch.setattr(cli, "_resolve", lambda key: handler)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["doctor"])
+    assert exc.value.code == 4
