@@ -308,13 +308,15 @@ class Upstream:
 
     @asynccontextmanager
     async def _stdio(self) -> AsyncIterator[Any]:
-        """The SDK's stdio client, with the server's stderr read into a bounded tail (for the
-        reason of an outage) instead of mixed into ours."""
+        """The stdio client (upstream_stdio: the SDK's, with a bound on a line), with the
+        server's stderr read into a bounded tail (for the reason of an outage) instead of mixed
+        into ours."""
         import trio  # the stdio upstream's stderr pipe is read on trio (the host's runtime)
         from mcp.client.stdio import (  # each transport's client loads only when an upstream uses it
             StdioServerParameters,
-            stdio_client,
         )
+
+        from mcp_bridge.upstream_stdio import bounded_stdio_client  # (with it)
 
         spec = self.spec
         params = StdioServerParameters(command=spec.command or "", args=list(spec.args),
@@ -328,7 +330,7 @@ class Upstream:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stderr, reader, drained)
             try:
-                async with stdio_client(params, errlog=errlog) as streams:
+                async with bounded_stdio_client(params, errlog=errlog, on_oversized=self._lost_now) as streams:
                     group = await self._watch_server(write_fd)
                     errlog.close()  # the server holds its own copy; EOF comes when it exits
                     yield streams

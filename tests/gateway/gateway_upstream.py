@@ -5,7 +5,7 @@
 HTTP and SSE listen on 127.0.0.1 (a port the OS picks) and print `listening on PORT` on stdout;
 with $UPSTREAM_TOKEN set they refuse requests without `Authorization: Bearer $UPSTREAM_TOKEN`.
 Tools: add, slow, grow (adds a tool and says so with tools/list_changed), ask_sampling,
-elicit_name, crash (the process exits), auth_header (what Authorization header came).
+elicit_name, crash (the process exits), flood_line (an endless line on stdout), auth_header (what Authorization header came).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("gateway-test-upstream")
+WIRE = os.dup(1)  # stdout as the client reads it (the SDK's stdio server diverts fd 1 to stderr)
 SEEN_AUTH: dict[str, str] = {}
 
 
@@ -74,6 +75,16 @@ def crash() -> str:
     """Exit the server process at once, saying why on stderr."""
     print("fatal: the database is locked", file=sys.stderr, flush=True)
     os._exit(3)
+
+
+@server.tool()
+async def flood_line(megabytes: int) -> str:
+    """Write `megabytes` MiB to stdout with no newline (a runaway server), then wait."""
+    block = b"x" * (1 << 20)
+    for _ in range(megabytes):
+        os.write(WIRE, block)
+    await anyio.sleep(60)
+    return "never"
 
 
 @server.tool()

@@ -177,6 +177,31 @@ async def test_a_crashed_upstream_is_down_with_its_stderr_tail(kiln: Path) -> No
         assert "closed" in text and text.endswith("; its last stderr lines: fatal: the database is locked"), text
 
 
+async def test_an_upstream_writing_an_endless_line_is_cut_off_not_buffered(kiln: Path) -> None:
+    from mcp_bridge.upstream_stdio import LINE_MAX_BYTES
+
+    spec = UpstreamSpec(name="up", prefix="up_", transport="stdio", command=sys.executable,
+                        args=(str(UPSTREAM), "stdio"), auto_reconnect=False)
+    async with running(spec) as gw, Client(bridge_for(kiln, gw).server, mode="legacy") as c:
+        assert texts(await c.call_tool("up_add", {"a": 1, "b": 1})) == "2"
+        pid = upstream_pid(os.getpid(), str(UPSTREAM))
+        with trio.fail_after(20):  # at the cap, not at the call's 30 s timeout
+            r = await c.call_tool("up_flood_line", {"megabytes": LINE_MAX_BYTES // (1 << 20) + 8})
+        assert r.is_error
+        await wait_for(lambda: gw.upstreams["up"].state == "stopped")
+        r = await c.call_tool("up_add", {"a": 1, "b": 1})
+        assert r.is_error and "the server wrote a line longer than 32 MiB" in texts(r), texts(r)
+        await wait_for(lambda: not _alive(pid), what="the runaway server to be stopped")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 async def test_slow_call_ends_at_the_servers_timeout_with_the_documented_message(kiln: Path) -> None:
     async with http_upstream() as up, running(http_spec(up, timeout=1)) as gw:
         async with Client(bridge_for(kiln, gw).server, mode="legacy") as c:
