@@ -301,9 +301,9 @@ def _report_bug(exc: Exception) -> int:
     """An error Crucible did not expect: its traceback, for the report, through `sanitize`,
     as every other line cru prints: the message can carry an agent's, a note's or a server's
     text (escape sequences made visible) or a secret (masked)."""
-    import traceback
+    import traceback  # only a bug needs it
 
-    from crucible.terminal import sanitize
+    from crucible.terminal import sanitize  # (as in main: loaded after -v's handler, on start-up's path)
 
     sys.stderr.write(sanitize("".join(traceback.format_exception(exc))))
     sys.stderr.write("cru: this is a bug in Crucible, not something you did: please report it with the "
