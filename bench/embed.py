@@ -10,6 +10,10 @@ Runs in the bench venv (torch + sentence-transformers), never the dev venv:
 `--int8` (any venv, no torch): the built-in model quantized to int8 (embedder.quantize_model)
 against fp32, same run: cosine on every fixture text (fixtures/embeddings/reference.json; the
 condition for making int8 the default is >= 0.99 on each) and on the kiln's chunks, and speed.
+
+`--load` (any venv): loading the model in a new process, the graph built (no cache) against the
+graph read from Crucible's cache, alternated, same run: the load's wall time and the longest
+stall it causes to another thread of the process (the chat's screen, the event loop).
 """
 
 from __future__ import annotations
@@ -88,6 +92,54 @@ def int8(texts: list[str], batch_size: int) -> None:
           f"fp32 {rate['fp32']:.1f} texts/s, int8 {rate['int8']:.1f} texts/s = {rate['int8'] / rate['fp32']:.2f}x")
 
 
+_PROBE = """
+import json, sys, threading, time
+stalls, stop = [0.0], False
+def tick():
+    last = time.perf_counter()
+    while not stop:
+        time.sleep(0.002)
+        now = time.perf_counter()
+        stalls[0], last = max(stalls[0], now - last), now
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.05)
+t = time.perf_counter()
+from crucible.kiln.embedder import MiniLMEmbedder
+MiniLMEmbedder().embed(["warm up"])
+took = time.perf_counter() - t
+stop = True
+print(json.dumps({"load": took, "stall": stalls[0], "built": "onnx" in sys.modules}))
+"""
+
+
+def load(rounds: int) -> None:
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    figures: dict[str, list[tuple[float, float]]] = {"built": [], "cached": []}
+    with tempfile.TemporaryDirectory(prefix="crucible-bench-load-") as tmp:
+        env = {**os.environ, "XDG_CACHE_HOME": tmp}
+        for _ in range(rounds):
+            for kind in ("built", "cached"):
+                if kind == "built":
+                    shutil.rmtree(Path(tmp) / "crucible", ignore_errors=True)
+                out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
+                                     check=True).stdout
+                got = json.loads(out.splitlines()[-1])
+                assert got["built"] == (kind == "built"), got
+                figures[kind].append((got["load"], got["stall"]))
+    med = {k: (float(np.median([f[0] for f in v])), float(np.median([f[1] for f in v])))
+           for k, v in figures.items()}
+    for kind, (took, stall) in med.items():
+        print(f"model load, graph {kind:6s}: {took * 1000:6.0f} ms, longest stall of another thread "
+              f"{stall * 1000:5.0f} ms (median of {rounds})")
+    print(f"cached / built: load {med['cached'][0] / med['built'][0]:.2f}x, "
+          f"stall {med['cached'][1] / med['built'][1]:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=16)
@@ -96,7 +148,11 @@ def main() -> None:
     )
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
     ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
+    ap.add_argument("--load", type=int, metavar="ROUNDS", help="model load: graph built vs cached")
     args = ap.parse_args()
+    if args.load:
+        load(args.load)
+        return
     if args.int8:
         texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(args.generated)
         if args.limit and args.limit < len(texts):

@@ -175,6 +175,13 @@ def data_dir(env: Mapping[str, str] | None = None) -> Path:
     return _expand(base) / "crucible"
 
 
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`$XDG_CACHE_HOME/crucible` (`~/.cache/crucible`): what can be rebuilt (the embedder's graph)."""
+    e = _env(env)
+    base = e.get("XDG_CACHE_HOME") or os.path.join(e.get("HOME") or os.path.expanduser("~"), ".cache")
+    return _expand(base) / "crucible"
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -27,8 +28,12 @@ import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings, Space
 from chromadb.utils.embedding_functions import register_embedding_function
 
-from crucible.config import EmbedderConfig
+from crucible.config import EmbedderConfig, cache_dir
 from crucible.errors import CrucibleError
+from crucible.kiln.atomic import content_hash
+from crucible.private_files import FILE_MODE, private_dir
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_MODEL = "all-MiniLM-L6-v2"
 # The same model quantized to int8 at load (~1.9x faster on 2 cores; cosine to fp32 0.977 at
@@ -304,6 +309,38 @@ def quantize_model(fp32: bytes) -> bytes:
         return out.read_bytes()
 
 
+def cached_model(folder: Path, int8: bool = False) -> str | bytes:
+    """The model for the weights in `folder` (int8 or not): the path of the copy built before,
+    in Crucible's cache folder, or built now and saved there. Building imports onnx and walks the
+    weights in Python, holding the GIL for up to ~0.8 s (the chat's screen stalls while a first
+    search loads the model); from the cache, the load is onnxruntime's alone. The file name is a
+    hash of what the graph depends on: the weights, their config and this module's code."""
+    weights = (folder / "model.safetensors").stat()
+    key = content_hash(b"\0".join([
+        Path(__file__).read_bytes(), (folder / "config.json").read_bytes(),
+        f"{weights.st_size}:{weights.st_mtime_ns}:{int(int8)}".encode()]))[:24]
+    path = cache_dir() / "onnx" / f"{INT8_MODEL if int8 else BUILTIN_MODEL}-{key}.onnx"
+    if path.is_file():
+        return str(path)
+    model = build_onnx_model(folder)
+    if int8:
+        model = quantize_model(model)
+    try:
+        private_dir(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".onnx")  # 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(model)
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, path)  # whole or not at all, whoever else builds it meanwhile
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:  # a read-only or full cache folder: build again next time
+        logger.debug("could not cache the embedder's graph: %s", exc)
+    return model
+
+
 class _Runtime:
     """The loaded tokenizer and onnxruntime session; one per process (they are read-only)."""
 
@@ -330,10 +367,16 @@ class _Runtime:
         # Idle workers sleep instead of spinning: the machine is shared with the event loop and
         # tokenization, and spinning measured no faster here.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        model = build_onnx_model(folder)
-        self.session = ort.InferenceSession(
-            quantize_model(model) if int8 else model, sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        model = cached_model(folder, int8)
+        try:
+            self.session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own types for a file it cannot read
+            if not isinstance(model, str):
+                raise
+            logger.warning("the embedder's cached graph could not be loaded (%s): building it again", exc)
+            Path(model).unlink(missing_ok=True)
+            self.session = ort.InferenceSession(cached_model(folder, int8), sess_options=opts,
+                                                providers=["CPUExecutionProvider"])
 
     def run(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)

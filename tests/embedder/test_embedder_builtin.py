@@ -110,3 +110,39 @@ def test_builtin_rejects_other_models_and_bad_batch_size() -> None:
     )
     with pytest.raises(CrucibleError, match="batch_size"):
         make_embedder(EmbedderConfig(batch_size=0))
+
+
+# --- the built graph is cached: a second process loads without onnx (no GIL stall) ------------
+
+_LOAD = """
+import json, sys
+from crucible.kiln.embedder import MiniLMEmbedder
+vec = MiniLMEmbedder().embed(["how do I keep my notes linked?"])[0]
+print(json.dumps({"built": "onnx" in sys.modules, "vec": [round(float(x), 6) for x in vec[:8]]}))
+"""
+
+
+def _load_in_a_new_process(cache: Path) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    res = subprocess.run([sys.executable, "-c", _LOAD], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
+
+
+def test_the_built_graph_is_cached_privately_and_a_broken_copy_is_rebuilt(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = _load_in_a_new_process(cache)
+    assert first["built"]  # nothing cached yet: built with onnx
+    (saved,) = (cache / "crucible" / "onnx").glob("all-MiniLM-L6-v2-*.onnx")
+    assert saved.stat().st_mode & 0o777 == 0o600 and saved.parent.stat().st_mode & 0o777 == 0o700
+    second = _load_in_a_new_process(cache)
+    assert not second["built"] and second["vec"] == first["vec"]  # the same model, onnx never imported
+    saved.write_bytes(b"not an onnx model")  # a damaged copy: built again, the answer unchanged
+    third = _load_in_a_new_process(cache)
+    assert third["built"] and third["vec"] == first["vec"]
+    assert saved.stat().st_size > 1_000_000
+    assert not list(saved.parent.glob(".building-*"))
