@@ -23,7 +23,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.controls import UIContent, UIControl
 from prompt_toolkit.mouse_events import MouseEvent, MouseEventType
 
-from crucible.redaction import redact
+from crucible.redaction import held_length, redact
 from crucible.terminal import sanitize
 from crucible.tui.markdown import (
     Fragments,
@@ -122,8 +122,15 @@ class TextEntry(Entry):
         """The entry's text as it came (markdown source), for copying."""
         lines = list(self.source)
         if self.partial:
-            lines.append(redact(self.partial))
+            lines.append(self._streaming_line())
         return "\n".join(lines)
+
+    def _streaming_line(self) -> str:
+        """The line still streaming, redacted, less its end while that could begin a secret:
+        the first characters of a secret the agent streams in pieces never show either. The
+        end shows with the next piece, or when the message ends (`finish`)."""
+        partial = redact(self.partial)
+        return partial[:len(partial) - held_length(partial)]
 
     def code_blocks(self) -> list[str]:
         """The fenced code blocks in the text, without their fences (an unclosed one to its end)."""
@@ -161,7 +168,7 @@ class TextEntry(Entry):
             yield from reversed(wrap([(self.base, label)], width))
             return
         # No cache needed: a frame wraps only the lines it shows.
-        partial = redact(self.partial)  # the line still streaming, a secret cut between chunks masked
+        partial = self._streaming_line()
         if partial:
             if len(partial) > _PEEK_LIMIT:
                 yield from self._sliced_reversed(partial, width)

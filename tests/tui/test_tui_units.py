@@ -192,6 +192,30 @@ def test_agent_text_is_sanitized_in_the_transcript() -> None:
     assert "\x1b" not in text and "^[" in text and "<U+202E>" in text
 
 
+def test_a_secret_arriving_in_pieces_never_shows_its_first_characters() -> None:
+    from crucible.redaction import forget_all, remember_secret
+
+    remember_secret("card-secret-5d1e9a")
+    try:
+        entry = TextEntry("agent")
+
+        def shown() -> str:
+            return "".join(t for row in entry.rows_reversed(80) for _, t in row)
+
+        entry.append("the key is card-se")
+        assert shown().rstrip() == "the key is" and "card-se" not in entry.text()
+        entry.append("cret-5d")
+        assert "card" not in shown()
+        entry.append("1e9a and")
+        assert shown() == "the key is *** and"
+        entry.append(" ca")  # could begin it again: waits for the next piece, or the message's end
+        assert shown() == "the key is *** and "
+        entry.finish()
+        assert shown() == "the key is *** and ca"
+    finally:
+        forget_all()
+
+
 def test_diff_lines_are_red_and_green() -> None:
     lines = diff_lines({"type": "diff", "path": "a.md", "oldText": "one\ntwo\n", "newText": "one\nthree\n"})
     styled = {text.strip(): style for line in lines for style, text in line}
