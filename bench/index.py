@@ -10,6 +10,8 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
         # latency, the build's progress, the peak RSS of cru mcp (and its worker)
     $V/python bench/index.py --first-answer [--notes 10000]
         # time from spawning `cru mcp` on a kiln never indexed to its first semantic_search answer
+    $V/python bench/index.py --first-answer-indexed 3
+        # the same on the embedded sample kiln (the query model loads): graph built vs cached
 
 Each kiln is copied (or generated) into a temporary folder, so its index starts empty.
 """
@@ -235,14 +237,15 @@ def _cru_mcp_pid(kiln: Path) -> int | None:
     return None
 
 
-async def session_run(kiln: Path, mode: str, seconds: float) -> dict[str, Any]:
+async def session_run(kiln: Path, mode: str, seconds: float, extra_env: dict[str, str] | None = None,
+                      ) -> dict[str, Any]:
     """Spawn `cru mcp` on `kiln`, time its first semantic_search answer, then call tools in turn
     for `seconds` (or until the index is ready), timing each; sample the RSS of its process tree."""
     import trio
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters
 
-    env = {**os.environ, "CRUCIBLE_INDEX_MODE": mode}
+    env = {**os.environ, "CRUCIBLE_INDEX_MODE": mode, **(extra_env or {})}
     params = StdioServerParameters(command=CRU, args=["mcp", "--kiln", str(kiln)], env=env)
     times: dict[str, list[float]] = {}
     peak = 0
@@ -359,6 +362,35 @@ def first_answer(base: Path, notes: int) -> None:
     for label, r in (("never indexed", cold), ("second start, a few notes embedded", warm)):
         print(f"first answer on {notes} notes ({label}): {r['first_answer']:.2f}s from spawning cru mcp "
               f"(goal <= 5 s); index {r['first_index']}", flush=True)
+
+
+def first_answer_indexed(rounds: int) -> None:
+    """`cru mcp` on the sample kiln, fully embedded: its first semantic_search loads the query
+    model. The embedder's graph built in that process (an empty cache) against read from
+    Crucible's cache, alternated, same run."""
+    import trio
+
+    kiln = cache_dir() / "crucible-docs"  # bench/search.py's copy, kept embedded
+    sync_kiln(SHARED_KILN, kiln)
+    index = KilnIndex.open(kiln, Config())
+    try:
+        index.update()
+    finally:
+        index.close()
+    times: dict[str, list[float]] = {"built": [], "cached": []}
+    with tempfile.TemporaryDirectory(prefix="crucible-bench-graph-") as cache:
+        for _ in range(rounds):
+            for kind in ("built", "cached"):
+                if kind == "built":
+                    shutil.rmtree(Path(cache) / "crucible", ignore_errors=True)
+                r = trio.run(session_run, kiln, "process", 0.0, {"XDG_CACHE_HOME": cache})
+                assert r["first_index"] is None or r["first_index"].get("embedded") == 1.0, r["first_index"]
+                times[kind].append(r["first_answer"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    for kind, t in med.items():
+        print(f"first semantic_search from spawning cru mcp, indexed sample kiln, graph {kind}: {t:.2f}s "
+              f"(median of {rounds})")
+    print(f"cached / built: {med['cached'] / med['built']:.2f}x")
 
 
 # --- the whole build on a large kiln: today's code vs this one, with a profile -----------------
@@ -518,12 +550,17 @@ def main() -> int:
     ap.add_argument("--modes", action="store_true", help="cru mcp while its index builds: thread vs worker")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long --modes calls tools")
     ap.add_argument("--first-answer", action="store_true", help="cru mcp start -> first search answer")
+    ap.add_argument("--first-answer-indexed", type=int, metavar="ROUNDS",
+                    help="cru mcp on the embedded sample kiln -> first answer, graph built vs cached")
     ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
     ap.add_argument("--compare-old", action="store_true",
                     help="the whole build, today's code vs this code in one run, with a profile")
     args = ap.parse_args()
     modes_notes = args.notes or 2000
     args.notes = args.notes or 10_000
+    if args.first_answer_indexed:
+        first_answer_indexed(args.first_answer_indexed)
+        return 0
     if args.compare_old:
         base = cache_dir() / "sessions"
         base.mkdir(parents=True, exist_ok=True)
