@@ -303,7 +303,8 @@ def _report_bug(exc: Exception) -> int:
     text (escape sequences made visible) or a secret (masked)."""
     import traceback  # only a bug needs it
 
-    from crucible.terminal import sanitize  # (as in main: loaded after -v's handler, on start-up's path)
+    # (as in main: loaded after -v's handler, on start-up's path)
+    from crucible.terminal import sanitize
 
     sys.stderr.write(sanitize("".join(traceback.format_exception(exc))))
     sys.stderr.write("cru: this is a bug in Crucible, not something you did: please report it with the "
