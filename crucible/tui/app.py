@@ -55,7 +55,7 @@ from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
 from crucible.tui.commands import Commands
 from crucible.tui.elicitation import ElicitationQueue
-from crucible.tui.feed import ChatFeed, ToolEntry
+from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
 from crucible.tui.permissions import (
     PermissionQueue,
@@ -68,6 +68,7 @@ from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
 from crucible.tui.style import STYLE
+from crucible.tui.tool_calls import ToolEntry
 from crucible.tui.transcript import TextEntry, TranscriptControl
 
 SCROLLBACK_ROWS = 20000  # of the transcript written to the normal screen at the end
