@@ -131,7 +131,7 @@ class ChatUI:
                                         style="class:plan"), filter=Condition(lambda: bool(status.plan))),
             ConditionalContainer(self.dialog_window,
                                  filter=Condition(lambda: self.dialog_up or questions.current is not None)),
-            self.picker.container(),
+            self.picker.view.container(),
             ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
                                         height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
                                  filter=Condition(lambda: bool(prompts.items))),
