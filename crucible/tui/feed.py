@@ -202,7 +202,7 @@ class ChatFeed(Feed):
     def turn_ended(self, event: TurnEnded) -> None:
         super().turn_ended(event)
         self.ui.status.turn_ended(event)
-        self.ui.forget_ctrl_c()
+        self.ui.keys.forget_ctrl_c()
         if event.error:
             self.add_notice(f"the turn failed: {event.error}", "class:error")
             self.ui.check_agent()
