@@ -1,13 +1,8 @@
-"""`cru chat`: the full-screen terminal chat.
+"""`cru chat`: the full-screen terminal chat, its parts wired together.
 
-Layout, top to bottom: the transcript (transcript.py; the session's events drawn by feed.py,
-a collapsible section per delegated child under the delegate_session call that started it,
-children.py; the mouse wheel scrolls it), the agent's plan (status.py), the dialog when
-something waits for the person (permissions.py: a permission, or one of the chat's own
-questions), the prompts queued for the agent (prompts.py), the input box (input.py; its slash
-commands in commands.py) and the status bar (status.py); the keys are keys.py. When the chat
-ends, the transcript is written to the terminal's normal screen (so it stays in its
-scrollback), then the session's ID and how to resume it.
+The screen, top to bottom, is layout.py; the keys are keys.py. When the chat ends, the
+transcript is written to the terminal's normal screen (so it stays in its scrollback), then
+the session's ID and how to resume it.
 
 Threads of control: prompt-toolkit owns the asyncio loop and the keys; the session runs
 on trio as its guest (see bridge.py; the agent session's life is agent.py). Key handlers hand
@@ -30,17 +25,6 @@ from prompt_toolkit.application import Application
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import FormattedText, StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
-from prompt_toolkit.layout import (
-    ConditionalContainer,
-    Float,
-    FloatContainer,
-    HSplit,
-    Layout,
-    Window,
-)
-from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
-from prompt_toolkit.layout.dimension import Dimension
-from prompt_toolkit.layout.menus import CompletionsMenu
 from prompt_toolkit.shortcuts import print_formatted_text
 
 from crucible import hard_stop
@@ -57,13 +41,8 @@ from crucible.tui.elicitation import ElicitationQueue
 from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
 from crucible.tui.keys import ChatKeys
-from crucible.tui.permissions import (
-    PermissionQueue,
-    Question,
-    dialog_height,
-    dialog_text,
-    save_permission_rule,
-)
+from crucible.tui.layout import ChatScreen
+from crucible.tui.permissions import PermissionQueue, Question, save_permission_rule
 from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
@@ -104,49 +83,12 @@ class ChatUI:
         self.loop = AgentLoop(self)
         self.input = ChatInput(self, history)
         self.keys = ChatKeys(self)
+        self.screen = ChatScreen(self)
         self.app: Application[None] = Application(
-            layout=self._layout(), key_bindings=self.keys.bindings(), style=STYLE, full_screen=True,
+            layout=self.screen.layout, key_bindings=self.keys.bindings(), style=STYLE, full_screen=True,
             mouse_support=Condition(lambda: self.mouse), max_render_postpone_time=None, refresh_interval=None,
         )
         self.pacer = Pacer(self.app)
-
-    def _layout(self) -> Layout:
-        status, queue, questions, buffer, prompts = self.status, self.queue, self.questions, self.input.buffer, \
-            self.prompts
-        # The dialog takes the keys while it asks (focused: keys that do not answer it go nowhere,
-        # none reaches the input box); the input box has them back when it goes. An upstream
-        # server's question is answered in the input box: the dialog shows it without the focus.
-        self.dialog_window = Window(
-            FormattedTextControl(lambda: dialog_text(queue, self.question, questions), focusable=True,
-                                 show_cursor=False, key_bindings=self.keys.dialog_bindings()),
-            height=lambda: dialog_height(queue, self.question, questions), style="class:dialog", wrap_lines=False)
-        self.input_window = Window(BufferControl(buffer), wrap_lines=True,
-                                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
-                                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  ")
-        body = HSplit([
-            Window(self.transcript, wrap_lines=False),
-            ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
-                                        style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(self.dialog_window,
-                                 filter=Condition(lambda: self.dialog_up or questions.current is not None)),
-            self.picker.view.container(),
-            ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
-                                        height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
-                                 filter=Condition(lambda: bool(prompts.items))),
-            Window(FormattedTextControl([("class:separator", "─" * 200)]), height=1, style="class:separator"),
-            self.input_window,
-            Window(FormattedTextControl(self._status_text), height=1, style="class:status"),
-        ])
-        root = FloatContainer(body, floats=[Float(xcursor=True, ycursor=True,
-                                                  content=CompletionsMenu(max_height=8, scroll_offset=1))])
-        return Layout(root, focused_element=buffer)
-
-    def _status_text(self) -> StyleAndTextTuples:
-        acp = self.session.acp if self.session is not None else None
-        return self.status.text(acp, waiting=self.dialog_up or self.questions.current is not None)
-
-    def _columns(self) -> int:
-        return self.app.output.get_size().columns
 
     @property
     def dialog_up(self) -> bool:
@@ -170,7 +112,9 @@ class ChatUI:
 
     def refresh_now(self) -> None:
         # The keys go to what asks: a question first, then the /sessions picker, else the input box.
-        target = self.dialog_window if self.dialog_up else self.picker.window if self.picker.open else self.input_window
+        screen = self.screen
+        target = screen.dialog_window if self.dialog_up else self.picker.window if self.picker.open \
+            else screen.input_window
         if not self.app.layout.has_focus(target):
             self.app.layout.focus(target)
         self.app.invalidate()
