@@ -219,7 +219,7 @@ class AgentLoop:
             if item.steer:
                 blocks.append({"type": "text", "text": STEER_NOTE})
             ui.status.turn_started()
-            ui.forget_ctrl_c()
+            ui.keys.forget_ctrl_c()
             ui.refresh_now()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._tick)

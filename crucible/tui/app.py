@@ -1,17 +1,12 @@
-"""`cru chat`: the full-screen terminal chat.
+"""`cru chat`: the full-screen terminal chat, its parts wired together.
 
-Layout, top to bottom: the transcript (transcript.py; the session's events drawn by feed.py,
-a collapsible section per delegated child under the delegate_session call that started it,
-children.py; the mouse wheel scrolls it), the agent's plan (status.py), the dialog when
-something waits for the person (permissions.py: a permission, or one of the chat's own
-questions), the prompts queued for the agent (prompts.py), the input box (input.py; its slash
-commands in commands.py) and the status bar (status.py). When the chat ends, the transcript is
-written to the terminal's normal screen (so it stays in its scrollback), then the session's ID
-and how to resume it.
+The screen, top to bottom, is layout.py; the keys are keys.py. When the chat ends, the
+transcript is written to the terminal's normal screen (so it stays in its scrollback), then
+the session's ID and how to resume it.
 
 Threads of control: prompt-toolkit owns the asyncio loop and the keys; the session runs
 on trio as its guest (see bridge.py; the agent session's life is agent.py). Key handlers hand
-work to trio with `self.to_trio`; trio code changes the model and asks for a paced redraw.
+work to trio with `ChatUI.to_trio`; trio code changes the model and asks for a paced redraw.
 The session's events reach the screen through the one pipeline (crucible/events.py), drawn
 by `ChatFeed` (feed.py).
 """
@@ -21,7 +16,6 @@ from __future__ import annotations
 import base64
 import errno
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,17 +25,6 @@ from prompt_toolkit.application import Application
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import FormattedText, StyleAndTextTuples
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
-from prompt_toolkit.layout import (
-    ConditionalContainer,
-    Float,
-    FloatContainer,
-    HSplit,
-    Layout,
-    Window,
-)
-from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
-from prompt_toolkit.layout.dimension import Dimension
-from prompt_toolkit.layout.menus import CompletionsMenu
 from prompt_toolkit.shortcuts import print_formatted_text
 
 from crucible import hard_stop
@@ -55,15 +38,11 @@ from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
 from crucible.tui.commands import Commands
 from crucible.tui.elicitation import ElicitationQueue
-from crucible.tui.feed import ChatFeed, ToolEntry
+from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
-from crucible.tui.permissions import (
-    PermissionQueue,
-    Question,
-    dialog_height,
-    dialog_text,
-    save_permission_rule,
-)
+from crucible.tui.keys import ChatKeys
+from crucible.tui.layout import ChatScreen
+from crucible.tui.permissions import PermissionQueue, Question, save_permission_rule
 from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
@@ -85,7 +64,6 @@ class ChatUI:
         self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
         self.prompts = PromptQueue(self.refresh_now)
         self.question: Question | None = None  # the chat's own question in the dialog
-        self.focused: ToolEntry | None = None  # the tool call Ctrl-E expands (Alt-↑/↓ moves)
         self.mouse = True  # the wheel scrolls; /mouse off hands the mouse back to the terminal
         self.session: CrucibleSession | None = None
         self.status = StatusBar(opts.agent.name + (f" › {opts.card.name}" if opts.card else ""))
@@ -96,7 +74,6 @@ class ChatUI:
         self.children = Children(self.transcript, self.feed, self.new_thought)
         self.commands = Commands(self)
         self.picker = SessionPicker(self)  # /sessions
-        self.last_ctrl_c = 0.0
         self.quitting = False
         self.agent_alive = False
         self.notes: list[str] = []
@@ -105,49 +82,13 @@ class ChatUI:
         self.nursery: trio.Nursery | None = None
         self.loop = AgentLoop(self)
         self.input = ChatInput(self, history)
+        self.keys = ChatKeys(self)
+        self.screen = ChatScreen(self)
         self.app: Application[None] = Application(
-            layout=self._layout(), key_bindings=self.input.key_bindings(), style=STYLE, full_screen=True,
+            layout=self.screen.layout, key_bindings=self.keys.bindings(), style=STYLE, full_screen=True,
             mouse_support=Condition(lambda: self.mouse), max_render_postpone_time=None, refresh_interval=None,
         )
         self.pacer = Pacer(self.app)
-
-    def _layout(self) -> Layout:
-        status, queue, questions, buffer, prompts = self.status, self.queue, self.questions, self.input.buffer, \
-            self.prompts
-        # The dialog takes the keys while it asks (focused: keys that do not answer it go nowhere,
-        # none reaches the input box); the input box has them back when it goes. An upstream
-        # server's question is answered in the input box: the dialog shows it without the focus.
-        self.dialog_window = Window(
-            FormattedTextControl(lambda: dialog_text(queue, self.question, questions), focusable=True,
-                                 show_cursor=False, key_bindings=self.input.dialog_key_bindings()),
-            height=lambda: dialog_height(queue, self.question, questions), style="class:dialog", wrap_lines=False)
-        self.input_window = Window(BufferControl(buffer), wrap_lines=True,
-                                   height=lambda: Dimension.exact(min(6, max(1, buffer.document.line_count))),
-                                   get_line_prefix=lambda line, wrap: "› " if line == 0 and wrap == 0 else "  ")
-        body = HSplit([
-            Window(self.transcript, wrap_lines=False),
-            ConditionalContainer(Window(FormattedTextControl(status.plan_text), height=status.plan_height,
-                                        style="class:plan"), filter=Condition(lambda: bool(status.plan))),
-            ConditionalContainer(self.dialog_window,
-                                 filter=Condition(lambda: self.dialog_up or questions.current is not None)),
-            self.picker.container(),
-            ConditionalContainer(Window(FormattedTextControl(lambda: prompts.text(self._columns())),
-                                        height=lambda: Dimension.exact(prompts.height()), style="class:queue"),
-                                 filter=Condition(lambda: bool(prompts.items))),
-            Window(FormattedTextControl([("class:separator", "─" * 200)]), height=1, style="class:separator"),
-            self.input_window,
-            Window(FormattedTextControl(self._status_text), height=1, style="class:status"),
-        ])
-        root = FloatContainer(body, floats=[Float(xcursor=True, ycursor=True,
-                                                  content=CompletionsMenu(max_height=8, scroll_offset=1))])
-        return Layout(root, focused_element=buffer)
-
-    def _status_text(self) -> StyleAndTextTuples:
-        acp = self.session.acp if self.session is not None else None
-        return self.status.text(acp, waiting=self.dialog_up or self.questions.current is not None)
-
-    def _columns(self) -> int:
-        return self.app.output.get_size().columns
 
     @property
     def dialog_up(self) -> bool:
@@ -171,7 +112,9 @@ class ChatUI:
 
     def refresh_now(self) -> None:
         # The keys go to what asks: a question first, then the /sessions picker, else the input box.
-        target = self.dialog_window if self.dialog_up else self.picker.window if self.picker.open else self.input_window
+        screen = self.screen
+        target = screen.dialog_window if self.dialog_up else self.picker.window if self.picker.open \
+            else screen.input_window
         if not self.app.layout.has_focus(target):
             self.app.layout.focus(target)
         self.app.invalidate()
@@ -209,15 +152,6 @@ class ChatUI:
             entry.collapsed = not self.show_thoughts
         self.refresh_now()
 
-    def toggle_newest_child(self) -> None:
-        """Ctrl-O: the newest child section of this session."""
-        section = self.children.newest()
-        if section is None:
-            self.say_flash("no child sessions yet")
-            return
-        section.set_collapsed(not section.collapsed)
-        self.refresh_now()
-
     def permissions_changed(self) -> None:
         """The dialog's permission question changed: the call it shows draws its diff there only."""
         for entry in self.feed.tools.values():
@@ -239,44 +173,6 @@ class ChatUI:
         self.question = None
         question.choices[key][1]()
         self.refresh_now()
-
-    def move_focus(self, direction: int) -> None:
-        """Alt-↑ / Alt-↓: focus the previous / next tool call of the session (Ctrl-E expands it)."""
-        entries = [e for e in self.transcript.entries if isinstance(e, ToolEntry)]
-        if not entries:
-            self.say_flash("no tool calls yet")
-            return
-        if self.focused in entries:
-            index = entries.index(self.focused) + direction
-            index = max(0, min(len(entries) - 1, index))
-        else:
-            index = len(entries) - 1
-        self.set_focus(entries[index])
-
-    def set_focus(self, entry: ToolEntry | None) -> None:
-        if self.focused is not None:
-            self.focused.focused = False
-            self.focused.redraw()
-        self.focused = entry
-        if entry is not None:
-            entry.focused = True
-            entry.redraw()
-            self.transcript.scroll_to(entry)
-        self.refresh_now()
-
-    def toggle_expand(self) -> None:
-        """Ctrl-E: the focused tool call (else the newest) in full, or cut again."""
-        entry = self.focused
-        if entry is None or entry not in self.transcript.entries:
-            entry = next((e for e in reversed(self.transcript.entries) if isinstance(e, ToolEntry)), None)
-        if entry is None:
-            self.say_flash("no tool calls yet")
-            return
-        entry.expanded = not entry.expanded
-        entry.redraw()
-        if self.focused is entry or self.transcript.scroll:
-            self.transcript.scroll_to(entry)
-        self.say_flash("tool call shown in full" if entry.expanded else "tool call cut again")
 
     def copy(self, text: str, what: str) -> None:
         """Put `text` on the clipboard through the terminal (OSC 52: works over ssh and in tmux
@@ -340,50 +236,6 @@ class ChatUI:
             self.error(f"could not save the rule {tool} = {rule}: {getattr(exc, 'message', exc)}")
             return
         self.notice(f"saved [permissions] {tool} = \"{rule}\" in {path.name}")
-
-    def on_ctrl_c(self) -> None:
-        """Cancel the running turn; with prompts queued, hold them and ask whether to drop
-        them. Twice within 2 s (while the hint says so): leave."""
-        now = time.monotonic()
-        if now - self.last_ctrl_c < 2.0:
-            self.quit()
-            return
-        self.last_ctrl_c = now
-        session = self.session
-        if session is not None and session.acp is not None and session.acp.turn_running:
-            self.status.state = "cancelling"
-            self.say_flash("cancelling the turn (Ctrl-C again to leave)")
-            self.to_trio(session.cancel)
-            # (A /steer waiting is what the person just asked for: it goes without a question.)
-            if self.prompts.items and not any(item.steer for item in self.prompts.items):
-                self.ask_about_queue()
-        elif self.input.buffer.text:
-            self.input.buffer.reset()
-        else:
-            self.say_flash("Ctrl-C again or Ctrl-D to leave")
-
-    def ask_about_queue(self) -> None:
-        """Hold the queued prompts until the person says whether they still want them sent."""
-        count = len(self.prompts.items)
-        self.prompts.hold()
-
-        def drop() -> None:
-            self.prompts.clear()
-            self.notice(f"dropped {count} queued prompt{'s' if count != 1 else ''}")
-
-        def keep() -> None:
-            self.prompts.release()
-
-        self.ask(Question(f"The turn is cancelled. {count} prompt{'s are' if count != 1 else ' is'} queued: "
-                          "send or drop?", {"d": ("drop them", drop), "k": ("keep: send them", keep)},
-                          [item.text.strip().split("\n", 1)[0][:100] for item in list(self.prompts.items)[:3]]))
-
-    def forget_ctrl_c(self) -> None:
-        """A turn started or ended: the hint of an earlier Ctrl-C goes, and so does its meaning
-        (the next Ctrl-C cancels or warns; it does not leave)."""
-        if self.last_ctrl_c:
-            self.last_ctrl_c = 0.0
-            self.status.clear_flash()
 
     def quit(self) -> None:
         if self.quitting:

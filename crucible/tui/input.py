@@ -1,5 +1,5 @@
-"""The input box: its buffer, completion (slash commands, `@note` paths), the keys of the chat,
-and what becomes of what was typed: a slash command runs; a prompt joins the queue
+"""The input box: its buffer, completion (slash commands, `@note` paths), and what becomes of
+what was typed (its keys are keys.py): a slash command runs; a prompt joins the queue
 (prompts.py) and, when its turn comes, is sent with its attachments: each `@note` of the kiln,
 and each image (`@shot.png`, or a pasted path to one) as an image block when the agent takes
 images, else with a note saying it was not sent."""
@@ -18,17 +18,12 @@ import trio
 from prompt_toolkit.buffer import Buffer
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
-from prompt_toolkit.filters import Condition
 from prompt_toolkit.history import History, InMemoryHistory
-from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
-from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-from prompt_toolkit.keys import Keys
 
 from crucible.errors import CrucibleError
 from crucible.kiln.paths import resolve_in_kiln
 from crucible.terminal import sanitize
 from crucible.tui.commands import OWN_COMMANDS, parse_slash
-from crucible.tui.permissions import KEYS
 from crucible.tui.prompts import Queued
 
 if TYPE_CHECKING:
@@ -105,124 +100,15 @@ class ChatCompleter(Completer):
                     return
 
 
-def shift_enter_is_newline() -> None:
-    """Terminals that tell Shift-Enter apart send CSI-u (kitty, foot, WezTerm) or xterm's
-    modifyOtherKeys form; prompt-toolkit maps the latter to Enter. Both insert a new line here."""
-    ANSI_SEQUENCES["\x1b[13;2u"] = Keys.ControlJ
-    ANSI_SEQUENCES["\x1b[27;2;13~"] = Keys.ControlJ
-
-
 class ChatInput:
     """What the person types, and what becomes of it."""
 
     def __init__(self, ui: ChatUI, history: History | None = None) -> None:
         self.ui = ui
-        shift_enter_is_newline()
         self.buffer = Buffer(
             multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
             completer=ChatCompleter(ui.agent_commands, lambda: ui.notes),
         )
-
-    def dialog_key_bindings(self) -> KeyBindings:
-        """The dialog's keys (it has the focus while it asks): a key answers the question, or
-        does nothing."""
-        ui = self.ui
-        kb = KeyBindings()
-        permission = Condition(lambda: ui.queue.current is not None)
-
-        for key in KEYS:
-            @kb.add(key, filter=permission)
-            def _answer(event: KeyPressEvent, key: str = key) -> None:
-                ui.answer_permission(key)
-
-        @kb.add(Keys.Any)
-        @kb.add("enter")
-        @kb.add("tab")
-        @kb.add("backspace")
-        def _other(event: KeyPressEvent) -> None:
-            if ui.queue.current is None:
-                ui.answer_question(event.data)
-
-        return kb
-
-    def key_bindings(self) -> KeyBindings:
-        ui, buffer = self.ui, self.buffer
-        kb = KeyBindings()
-        dialog = Condition(lambda: ui.dialog_up)
-        # An upstream MCP server's question (nothing else asked before it): typed, then Enter.
-        question = Condition(lambda: not ui.dialog_up and ui.questions.current is not None)
-
-        @kb.add("enter", filter=question)
-        def _answer_question(event: KeyPressEvent) -> None:
-            problem = ui.questions.answer(buffer.text)
-            if problem is not None:
-                ui.say_flash(problem)
-            else:
-                buffer.reset()
-
-        @kb.add("escape", filter=question, eager=True)
-        def _decline_question(event: KeyPressEvent) -> None:
-            ui.questions.decline()
-
-        @kb.add("enter", filter=~dialog & ~question)
-        def _submit(event: KeyPressEvent) -> None:
-            state = buffer.complete_state
-            if state is not None and state.current_completion is not None:
-                buffer.complete_state = None  # Enter takes the chosen completion
-                return
-            self.submit()
-
-        @kb.add("escape", "enter", filter=~dialog)
-        @kb.add("c-j", filter=~dialog)
-        def _newline(event: KeyPressEvent) -> None:
-            buffer.insert_text("\n")
-
-        @kb.add("c-c")
-        @kb.add(Keys.SIGINT)
-        def _ctrl_c(event: KeyPressEvent) -> None:
-            ui.on_ctrl_c()
-
-        @kb.add("c-d", filter=Condition(lambda: not buffer.text))
-        def _ctrl_d(event: KeyPressEvent) -> None:
-            ui.quit()
-
-        @kb.add("s-tab", filter=~dialog)
-        def _mode(event: KeyPressEvent) -> None:
-            ui.to_trio(ui.commands.cycle_mode)
-
-        @kb.add("c-t")
-        def _thoughts(event: KeyPressEvent) -> None:
-            ui.toggle_thoughts()
-
-        @kb.add("c-o")
-        def _children(event: KeyPressEvent) -> None:
-            ui.toggle_newest_child()
-
-        @kb.add("c-e", filter=~dialog)
-        def _expand(event: KeyPressEvent) -> None:
-            ui.toggle_expand()
-
-        @kb.add("escape", "up")
-        def _focus_up(event: KeyPressEvent) -> None:
-            ui.move_focus(-1)
-
-        @kb.add("escape", "down")
-        def _focus_down(event: KeyPressEvent) -> None:
-            ui.move_focus(1)
-
-        @kb.add("up", filter=Condition(lambda: not buffer.text and bool(ui.prompts.items) and not ui.dialog_up))
-        def _edit_queued(event: KeyPressEvent) -> None:
-            self.edit_queued(None)
-
-        @kb.add("pageup")
-        def _up(event: KeyPressEvent) -> None:
-            ui.transcript.page(1)
-
-        @kb.add("pagedown")
-        def _down(event: KeyPressEvent) -> None:
-            ui.transcript.page(-1)
-
-        return kb
 
     def edit_queued(self, number: int | None) -> bool:
         """A queued prompt back into the input box, out of the queue (the last by default)."""

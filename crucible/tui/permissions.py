@@ -35,7 +35,6 @@ from crucible.kiln.atomic import atomic_write_text
 from crucible.private_files import FILE_MODE, private_dir
 from crucible.sessions import PermissionAsk
 from crucible.terminal import sanitize
-from crucible.tui.feed import diff_lines, pretty, write_lines
 from crucible.tui.kiln_calls import (
     WRITE_TOOLS,
     BridgeCall,
@@ -44,6 +43,7 @@ from crucible.tui.kiln_calls import (
     proposed_write,
 )
 from crucible.tui.markdown import Fragments, wrap
+from crucible.tui.tool_calls import diff_lines, pretty, write_lines
 
 if TYPE_CHECKING:
     from crucible.tui.elicitation import ElicitationQueue

@@ -12,7 +12,7 @@ full text of every transcript (crucible.session_store.ConversationIndex: the BM2
 `cru session search` ranks with; the word being typed stands for the words it starts). The
 conversations are read and indexed in a thread, and every search runs in one, so a thousand
 of them never hold the keys; the index is kept between two openings and re-reads only what
-changed. Titles and matched lines come from agents: sanitized, one line, cut to the width.
+changed. How it is drawn is picker_view.py.
 """
 
 from __future__ import annotations
@@ -28,24 +28,13 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 from prompt_toolkit.buffer import Buffer
 from prompt_toolkit.document import Document
-from prompt_toolkit.filters import Condition
-from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-from prompt_toolkit.layout import ConditionalContainer, Container, HSplit, Window
-from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
-from prompt_toolkit.layout.dimension import Dimension
+from prompt_toolkit.layout import Window
+from prompt_toolkit.layout.controls import BufferControl
 
 from crucible.errors import CrucibleError
-from crucible.session_store import (
-    Conversation,
-    ConversationIndex,
-    SessionHit,
-    SessionStore,
-    when_text,
-)
-from crucible.terminal import sanitize
-from crucible.tui.markdown import Fragments, wrap
-from crucible.tui.permissions import key_rows
+from crucible.session_store import Conversation, ConversationIndex, SessionHit, SessionStore
+from crucible.tui.picker_view import PickerView
 
 if TYPE_CHECKING:
     from crucible.tui.app import ChatUI
@@ -57,13 +46,6 @@ SNIPPETS = 8  # of them with the line that matched (each reads its transcript ag
 # A full-text search waits for the keys to pause this long (seconds): typing a word runs one
 # search, not one per letter (each is a thread that takes the GIL from the keys' echo).
 SETTLE = 0.08
-AGENT_CELLS = 14  # the agent (and card) column of a row
-KEYS = [("↑↓", "move", "move"), ("Enter", "resume here", "resume"), ("Esc", "close", "close")]
-
-
-def one_line(text: str) -> str:
-    """An agent's title or a transcript's line as one safe row (escapes and secrets gone)."""
-    return " ".join(sanitize(text).split())
 
 
 class _KeysFirst:
@@ -99,7 +81,7 @@ class Row:
 
 
 class SessionPicker:
-    """The picker's state, its part of the layout and its keys; its work runs on trio."""
+    """The picker's state, its search line and its keys (`view` draws it); its work runs on trio."""
 
     def __init__(self, ui: ChatUI) -> None:
         self.ui = ui
@@ -118,6 +100,7 @@ class SessionPicker:
         self._typed_at = 0.0  # when a key last changed the query (monotonic)
         self.window = Window(BufferControl(self.buffer, key_bindings=self._key_bindings()), height=1,
                              get_line_prefix=lambda line, wrap_count: [("class:dim", " search: ")])
+        self.view = PickerView(self)  # its part of the screen
 
     # -- opening and closing -------------------------------------------------------------
     def show(self, query: str = "") -> None:
@@ -204,7 +187,7 @@ class SessionPicker:
                 if pause > 0:  # still typing: search what is there once the keys pause
                     await trio.sleep(pause)
                     continue
-                width = max(20, self._sizes()[0] - 6)
+                width = max(20, self.view.sizes()[0] - 6)
                 with _keys_first():
                     hits = await in_thread(partial(index.search, store, query, TEXT_HITS, prefix=True,
                                                    snippets=SNIPPETS, snippet_width=width))
@@ -259,112 +242,6 @@ class SessionPicker:
         self.close()
         self.ui.to_trio(self.ui.loop.switch_to, conv)
 
-    # -- the view ---------------------------------------------------------------------------
-    def _sizes(self) -> tuple[int, int]:
-        size = self.ui.app.output.get_size()
-        return size.columns, max(6, size.rows // 2)  # as much of the screen as the dialog may take
-
-    def _key_rows(self, width: int) -> list[Fragments]:
-        return key_rows(KEYS, width, f"{len(self.rows)} of {len(self.conversations or [])}")
-
-    def _list_rows(self) -> int:
-        """The rows the list may take."""
-        width, height = self._sizes()
-        return max(1, height - 2 - len(self._key_rows(width)))
-
-    def _list_height(self) -> int:
-        """The rows the list takes now (a full-text hit has a second row: the line that matched)."""
-        room = self._list_rows()
-        if not self.rows:
-            return 1
-        used = 0
-        for row in self.rows:
-            used += 2 if row.snippet else 1
-            if used >= room:
-                return room
-        return used
-
-    def head_text(self) -> StyleAndTextTuples:
-        width, _ = self._sizes()
-        state = ""
-        if self.problem is None and self.conversations is not None and not self.indexed:
-            state = "  (indexing the text…)"  # titles match meanwhile
-        line: Fragments = [("class:dialog.title", "Sessions: type to search titles and full text"),
-                           ("class:dim", state)]
-        return list(wrap(line, width)[0])
-
-    def list_text(self) -> StyleAndTextTuples:
-        width, _ = self._sizes()
-        room = self._list_rows()
-        if self.problem is not None:
-            return [("class:error", one_line(self.problem)[:width])]
-        if self.conversations is None:
-            return [("class:dim", "  reading the saved sessions…")]
-        if not self.rows:
-            query = self.buffer.text.strip()
-            if not self.conversations:
-                said = "  no saved sessions yet"
-            elif not self.indexed:
-                said = f"  no title matches {one_line(query)!r}; searching the text…"
-            else:
-                said = f"  no saved session mentions {one_line(query)!r}"
-            return [("class:dim", said[:width])]
-        if self.selected < self.top:
-            self.top = self.selected
-        while self.top < self.selected and sum(
-                2 if row.snippet else 1 for row in self.rows[self.top:self.selected + 1]) > room:
-            self.top += 1  # the chosen one's rows are on screen
-        lines: list[Fragments] = []
-        for i in range(self.top, len(self.rows)):
-            lines.extend(self._row(self.rows[i], i == self.selected, width))
-            if len(lines) >= room:
-                break
-        out: StyleAndTextTuples = []
-        for line in lines[:room]:
-            if out:
-                out.append(("", "\n"))
-            out.extend(line)
-        return out
-
-    def _row(self, row: Row, selected: bool, width: int) -> list[Fragments]:
-        """A conversation's row, and for a full-text hit the line that matched under it."""
-        conv = row.conversation
-        base = "class:focus" if selected else ""
-        agent = one_line(conv.agent + (f" › {conv.card}" if conv.card else ""))
-        agent = agent if len(agent) <= AGENT_CELLS else agent[:AGENT_CELLS - 1] + "…"
-        turns = f"{conv.turns:>3} turn{'s' if conv.turns != 1 else ' '}"
-        line: Fragments = [
-            (base, "▶ " if selected else "  "),
-            (base or "class:dim", f"{when_text(conv.updated)}  {agent:<{AGENT_CELLS}} {turns}  "),
-            (base or "class:tool.title", one_line(conv.title) or "(untitled)"),
-        ]
-        session = self.ui.session
-        if session is not None and session.id in conv.ids:
-            line.append(("class:dim", "  (this chat)"))
-        rows = [wrap(line, width)[0]]
-        if row.snippet:
-            rows.append(wrap([("class:dim", "    " + one_line(row.snippet))], width)[0])
-        return rows
-
-    def keys_text(self) -> StyleAndTextTuples:
-        width, _ = self._sizes()
-        out: StyleAndTextTuples = []
-        for i, row in enumerate(self._key_rows(width)):
-            if i:
-                out.append(("", "\n"))
-            out.extend(row)
-        return out
-
-    def container(self) -> Container:
-        """Its place in the chat's layout: where the dialog is, while no question is asked."""
-        return ConditionalContainer(HSplit([
-            Window(FormattedTextControl(self.head_text), height=1),
-            self.window,
-            Window(FormattedTextControl(self.list_text), height=lambda: Dimension.exact(self._list_height())),
-            Window(FormattedTextControl(self.keys_text),
-                   height=lambda: Dimension.exact(len(self._key_rows(self._sizes()[0])))),
-        ], style="class:dialog"), filter=Condition(lambda: self.open and not self.ui.dialog_up))
-
     # -- its keys (the search line has them: nothing reaches the input box) ----------------------
     def _key_bindings(self) -> KeyBindings:
         kb = KeyBindings()
@@ -379,11 +256,11 @@ class SessionPicker:
 
         @kb.add("pageup")
         def _page_up(event: KeyPressEvent) -> None:
-            self.move(-self._list_rows())
+            self.move(-self.view.list_rows())
 
         @kb.add("pagedown")
         def _page_down(event: KeyPressEvent) -> None:
-            self.move(self._list_rows())
+            self.move(self.view.list_rows())
 
         @kb.add("enter")
         def _enter(event: KeyPressEvent) -> None:

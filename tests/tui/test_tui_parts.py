@@ -13,12 +13,12 @@ import trio
 import trio.testing
 
 from acp_host.session import ToolCall
-from crucible.tui.feed import diff_lines, tool_call_lines
 from crucible.tui.kiln_calls import BridgeCall, bridge_call, proposed_write, search_hits
 from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
 from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
 from crucible.tui.prompts import PromptQueue, Queued
 from crucible.tui.status import StatusBar
+from crucible.tui.tool_calls import diff_lines, tool_call_lines
 from crucible.tui.transcript import TextEntry
 
 

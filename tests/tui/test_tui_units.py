@@ -17,10 +17,10 @@ from crucible.errors import CrucibleError
 from crucible.permissions import ToolKey
 from crucible.sessions import PermissionAsk
 from crucible.tui.commands import parse_slash
-from crucible.tui.feed import diff_lines
 from crucible.tui.input import ChatCompleter, mentions
 from crucible.tui.markdown import MarkdownState, render_line, wrap
 from crucible.tui.permissions import PermissionQueue, save_permission_rule
+from crucible.tui.tool_calls import diff_lines
 from crucible.tui.transcript import TextEntry, TranscriptControl
 
 
