@@ -26,7 +26,7 @@ from types import TracebackType
 
 import trio
 
-from acp_host.reaper import signal_watched, unwatch_group, watch_group
+from acp_host.reaper import host_mark_env, signal_watched, unwatch_group, watch_group
 
 __all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths", "stop_all_now"]
 
@@ -223,6 +223,7 @@ class AgentProcess:
         child_env["PATH"] = merge_paths(shell_path, child_env.get("PATH", ""))
         if extra_env:
             child_env.update(extra_env)  # an explicit PATH in the profile wins
+        child_env.update(host_mark_env())  # stopped by the watchdog even if we die before watching it
         executable = _resolve(argv[0], child_env["PATH"], workdir)
         try:
             process = await trio.lowlevel.open_process(

@@ -10,6 +10,14 @@ host exited, normally or not — it sends SIGTERM to every group still listed, a
 CLI the adapter starts) and fires when the forking *thread* exits; a pipe has neither problem
 and works on every POSIX system.
 
+A group is told to the watchdog once its process is started, so a host killed in between
+(under load, the hand-back of a new process to the async task can take a tenth of a second)
+would leave it unlisted: as a backstop, every process the host starts carries
+`CRUCIBLE_HOST_MARK` (random per host, `host_mark_env()`) in its environment, and when the
+host dies without exiting (kill -9, a crash: no `atexit`), the watchdog also stops the group
+of every process that carries this host's mark. After an orderly exit it does not: what an
+agent's command started on purpose to outlive it (a detached server) is left alone.
+
 `watch_group(pgid)` when a group is started, `unwatch_group(pgid)` once it is gone. Both are
 cheap (one short write) and never raise: without a watchdog the host still tears its
 groups down itself on every orderly way out. The host keeps the same list, so a hard stop
@@ -19,15 +27,18 @@ upstream MCP servers alike — with `signal_watched` instead of waiting out each
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 from typing import IO
 
-__all__ = ["reaper_pid", "signal_watched", "unwatch_group", "watch_group"]
+__all__ = ["host_mark_env", "reaper_pid", "signal_watched", "unwatch_group", "watch_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +48,11 @@ import os, signal, sys, time
 for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
     signal.signal(sig, signal.SIG_IGN)
 groups = set()
+clean = False
 for line in sys.stdin.buffer:
+    if line == b"=\n":
+        clean = True
+        continue
     try:
         sign, pgid = line[:1], int(line[1:])
     except ValueError:
@@ -48,6 +63,16 @@ for line in sys.stdin.buffer:
         groups.add(pgid)
     else:
         groups.discard(pgid)
+mark = ("\0CRUCIBLE_HOST_MARK=" + sys.argv[1] + "\0").encode()
+for entry in os.listdir("/proc") if not clean and len(sys.argv) > 1 and os.path.isdir("/proc") else ():
+    if entry.isdigit():
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as f:
+                if mark in b"\0" + f.read() + b"\0":
+                    groups.add(os.getpgid(int(entry)))
+        except OSError:
+            pass
+groups.discard(os.getpgid(0))
 def alive():
     out = set()
     for g in groups:
@@ -75,15 +100,17 @@ _process: subprocess.Popen[bytes] | None = None
 _pipe: IO[bytes] | None = None
 _owner_pid = 0  # the pid that started the watchdog (a forked child must start its own)
 _watched: set[int] = set()  # this process's copy of the watchdog's list
+_mark = ""  # this host's mark (see host_mark_env), made with the watchdog
 
 
 def _ensure() -> IO[bytes] | None:
-    global _process, _pipe, _owner_pid
+    global _process, _pipe, _owner_pid, _mark
     if _pipe is not None and _owner_pid == os.getpid():
         return _pipe
+    mark = secrets.token_hex(8)
     try:
         _process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
             env={},  # it needs none, and holds no copy of the person's keys
@@ -92,8 +119,27 @@ def _ensure() -> IO[bytes] | None:
     except OSError as exc:
         logger.warning("could not start the watchdog that stops agents if this process dies: %s", exc)
         return None
-    _pipe, _owner_pid = _process.stdin, os.getpid()
+    _pipe, _owner_pid, _mark = _process.stdin, os.getpid(), mark
+    atexit.register(_exiting)
     return _pipe
+
+
+def _exiting() -> None:
+    """An orderly exit (the interpreter's, so not kill -9): the watchdog skips the mark scan."""
+    if _pipe is not None and _owner_pid == os.getpid():
+        with contextlib.suppress(OSError, ValueError):
+            _pipe.write(b"=\n")
+            _pipe.flush()
+
+
+def host_mark_env() -> dict[str, str]:
+    """What to add to the environment of a process the host starts (an agent, a terminal):
+    this host's mark, which the watchdog looks for when the host dies (the watchdog starts
+    now if it does not run yet). Empty without a watchdog."""
+    with _lock:
+        if _ensure() is None:
+            return {}
+        return {"CRUCIBLE_HOST_MARK": _mark}
 
 
 def _tell(line: bytes) -> None:

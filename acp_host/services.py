@@ -27,7 +27,7 @@ from acp import schema
 from pydantic import BaseModel, ValidationError
 
 from acp_host.jsonrpc import JsonRpcError
-from acp_host.reaper import unwatch_group, watch_group
+from acp_host.reaper import host_mark_env, unwatch_group, watch_group
 
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -220,6 +220,7 @@ class SessionServices:
         env = dict(self._env)
         for var in req.env or []:
             env[var.name] = var.value
+        env.update(host_mark_env())  # stopped by the watchdog even if the host dies before watching it
         if req.args:
             argv = [req.command, *req.args]
         elif any(c in _SHELL_CHARS for c in req.command):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,25 +31,57 @@ __all__ = ["ORPHAN_POLL", "exit_code", "received", "run_stoppable", "stop_now", 
 # How often the parent pid is looked at (seconds): a cheap syscall.
 ORPHAN_POLL = 0.5
 
-# The signal (or "orphaned") that stopped this process, if any.
+# The signal (or "orphaned") that stopped this process, if any, and when.
 received: list[int | str] = []
+_first_stop: list[float] = []
+# A process still there this long after its first stop is stuck: the next stop signal has its
+# default effect (teardown is bounded at ~3 s).
+STUCK_AFTER = 10.0
 
 
 def stop_now(scope: trio.CancelScope, why: int | str) -> None:
     """Stop every agent now and cancel `scope`."""
     if not received:
         received.append(why)
+    if not _first_stop:
+        _first_stop.append(time.monotonic())
     stop_all_now()
     scope.cancel()
 
 
 async def stop_on_signals(scope: trio.CancelScope,
                           signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
-    """Until cancelled: the first of `signals` stops everything (see `stop_now`)."""
-    with trio.open_signal_receiver(*signals) as incoming:
+    """Until cancelled: the first of `signals` stops everything (see `stop_now`).
+
+    Outside the receiver (before it, and after it ends, until the process exits) `signals` stop
+    every agent at once too but do not end the process: its teardown is bounded and saves the
+    session's last events. A closing terminal sends SIGHUP more than once (the kernel, then the
+    terminal or the shell), and its hang-up can end the chat first by the terminal's EIO; a
+    SIGHUP meeting the default action then killed `cru` mid-teardown, before those events
+    were saved."""
+    for sig in signals:
+        # A Python handler, not SIG_IGN: exec resets a caught signal to its default, so the
+        # agents started meanwhile do not inherit it.
+        signal.signal(sig, _stop_outside_the_loop)
+    with trio.open_signal_receiver(*signals) as incoming:  # puts the handler above back when it ends
         async for signum in incoming:
             stop_now(scope, signum)
             return
+
+
+def _stop_outside_the_loop(signum: int, frame: Any) -> None:
+    """A stop signal while no trio receiver listens (starting, or stopping): every agent is
+    stopped now; the process ends when its teardown does."""
+    now = time.monotonic()
+    if _first_stop and now - _first_stop[0] > STUCK_AFTER:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if not _first_stop:
+        _first_stop.append(now)
+    if not received:
+        received.append(signum)
+    stop_all_now()
 
 
 async def stop_when_orphaned(scope: trio.CancelScope, poll: float = ORPHAN_POLL) -> None:

@@ -308,3 +308,51 @@ async def test_start_into_a_closed_nursery_leaves_nothing_behind() -> None:
         await AgentProcess.start(nursery, ["cat"])
     assert _fd_count() == fds
     assert _no_children_left()
+
+
+# -- the watchdog's backstop: a process started but not yet watched when the host dies ---------
+
+_HOST = r"""
+import os, subprocess, sys, time
+from acp_host.reaper import host_mark_env
+env = {**os.environ, **host_mark_env()}
+# Started, never given to watch_group: the moment between a process starting and the host
+# watching it, made long. `setsid` also takes it out of any group the host knows.
+child = subprocess.Popen(["sleep", "3600"], env=env, start_new_session=True)
+print(child.pid, flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)
+time.sleep(3600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["kill -9", "exit"])
+def test_a_process_the_host_started_but_did_not_watch_yet(how: str) -> None:
+    """kill -9 of the host: the watchdog finds it by the host's mark and stops it. An orderly
+    exit: what is left is the host's choice (a detached server an agent started), not stopped."""
+    import subprocess
+    import time
+
+    host = subprocess.Popen([sys.executable, "-c", _HOST, how], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    child = int(host.stdout.readline())
+    try:
+        assert _alive(child)
+        if how == "kill -9":
+            host.kill()
+        host.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(child) is (how == "exit")
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)

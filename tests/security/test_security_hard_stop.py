@@ -287,10 +287,11 @@ def test_kill_9_of_cru_mcp_takes_its_upstream_servers(cru_bin: str, clean_env: d
     assert not left, f"left running after cru mcp was killed: {[_cmdline(p) for p in left]}"
 
 
-def _chat_mid_turn(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path, *, stderr_to: Path | None = None) -> Any:
-    """Interactive `cru chat` on a pty, mid-turn with the stalling agent (its stderr in a file
-    when given: a closed terminal shows nothing)."""
-    script = script_file(tmp, STALLING)
+def _chat_mid_turn(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path, *, stderr_to: Path | None = None,
+                   script: dict[str, Any] | None = None) -> Any:
+    """Interactive `cru chat` on a pty, mid-turn with the stalling agent (or `script`; its stderr
+    in a file when given: a closed terminal shows nothing)."""
+    script = script_file(tmp, script or STALLING)
     argv = [cru_bin, "chat", "--agent-command", scripted_command(script), "--kiln", str(kiln)]
     if stderr_to is not None:
         argv = ["/bin/sh", "-c", f'exec "$@" 2>"{stderr_to}"', "sh", *argv]
@@ -338,6 +339,32 @@ def test_closing_the_terminal_of_the_interactive_chat_keeps_the_turn_and_says_no
         screen.close()
     assert not left, f"left running after the terminal closed: {[_cmdline(p) for p in left]}"
     assert "Traceback" not in err.read_text()  # no error restoring a terminal that is gone
+    events = (_session_folder(clean_env) / "events.jsonl").read_text()
+    assert "my question, kept" in events and "and after it" in events
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_second_stop_signal_does_not_kill_the_chat_mid_teardown(cru_bin: str, clean_env: dict[str, str],
+                                                                   kiln: Path, tmp_path: Path,
+                                                                   sig: signal.Signals) -> None:
+    """A closing terminal sends SIGHUP more than once (the kernel, then the terminal or the
+    shell); the second one must not meet the default action while the first one's teardown
+    saves the session. The agent ignores SIGTERM, so that teardown takes a second (its group's
+    SIGKILL comes after a grace): the later signals come in the middle of it."""
+    screen = _chat_mid_turn(cru_bin, clean_env, kiln, tmp_path, script={**STALLING, "ignore_sigterm": True})
+    try:
+        cru = _cru_pid(screen.child.pid)
+        tree = descendants(cru) | {cru}
+        for _ in range(3):
+            os.kill(cru, sig)
+            time.sleep(0.02)
+        code = screen.wait_exit(30)
+    finally:
+        screen.close()
+    # Ended by that signal: its exit code, or (a signal that came once the interpreter was
+    # finalizing, its handlers gone, the session saved) killed by it — a shell shows both as 128+sig.
+    assert code in (128 + sig, -sig), f"cru chat ended with {code}"
+    assert not _all_gone(tree, STOP_BOUND)
     events = (_session_folder(clean_env) / "events.jsonl").read_text()
     assert "my question, kept" in events and "and after it" in events
 
