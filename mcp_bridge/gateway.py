@@ -300,9 +300,10 @@ class Upstream:
         from mcp.client.streamable_http import (
             streamable_http_client,  # each transport's client loads only when an upstream uses it
         )
-        from mcp.shared._httpx_utils import create_mcp_http_client  # (the HTTP stack with it)
 
-        async with (create_mcp_http_client(headers=dict(self.spec.headers) or None) as http,
+        from mcp_bridge.upstream_http import bounded_http_client  # (the HTTP stack with it)
+
+        async with (bounded_http_client(headers=dict(self.spec.headers) or None) as http,
                     streamable_http_client(self.spec.url or "", http_client=http) as streams):
             yield streams
 

@@ -1,11 +1,11 @@
 """An upstream MCP server for the gateway tests, built with the mcp SDK's `MCPServer`.
 
-    python gateway_upstream.py http|sse|stdio
+    python gateway_upstream.py http|http-json|sse|stdio
 
 HTTP and SSE listen on 127.0.0.1 (a port the OS picks) and print `listening on PORT` on stdout;
 with $UPSTREAM_TOKEN set they refuse requests without `Authorization: Bearer $UPSTREAM_TOKEN`.
 Tools: add, slow, grow (adds a tool and says so with tools/list_changed), ask_sampling,
-elicit_name, crash (the process exits), flood_line (an endless line on stdout), auth_header (what Authorization header came).
+elicit_name, crash (the process exits), flood_line (an endless line on stdout), big_answer, auth_header (what Authorization header came).
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ async def flood_line(megabytes: int) -> str:
 
 
 @server.tool()
+def big_answer(megabytes: int) -> str:
+    """An answer of `megabytes` MiB (a runaway server over HTTP)."""
+    return "x" * (megabytes << 20)
+
+
+@server.tool()
 def auth_header() -> str:
     """The Authorization header of the last HTTP request."""
     return SEEN_AUTH.get("value", "")
@@ -127,7 +133,9 @@ def main() -> None:
         return
     import uvicorn
 
-    app = server.sse_app() if transport == "sse" else server.streamable_http_app()
+    # http-json: streamable HTTP answering each request with one JSON body instead of an event stream
+    app = (server.sse_app() if transport == "sse"
+           else server.streamable_http_app(json_response=transport == "http-json"))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)  # connections wait in the backlog until uvicorn accepts them

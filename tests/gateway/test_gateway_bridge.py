@@ -254,6 +254,23 @@ async def test_http_upstream_with_a_secret_header_and_a_restart(kiln: Path) -> N
             assert SECRET not in status
 
 
+async def test_an_http_upstreams_oversized_answer_is_not_read_and_it_comes_back(kiln: Path) -> None:
+    from mcp_bridge.upstream_http import BODY_MAX_BYTES
+
+    async with http_upstream("http-json") as up, running(http_spec(up)) as gw:
+        async with Client(bridge_for(kiln, gw).server, mode="legacy") as c:
+            r = await c.call_tool("web_big_answer", {"megabytes": 1})  # a large answer under the bound
+            assert not r.is_error and len(texts(r)) == 1 << 20
+            with trio.fail_after(30):
+                r = await c.call_tool("web_big_answer", {"megabytes": BODY_MAX_BYTES // (1 << 20) + 4})
+            assert r.is_error and "MCP server 'web' is down" in texts(r), texts(r)[:300]
+            # Why, where the person looks (`cru mcp servers`, /mcp); then it is reconnected.
+            await wait_for(lambda: "longer than 32 MiB" in (gw.status()[0].last_error or ""), what="the reason")
+            await wait_for(lambda: gw.upstreams["web"].state == "up", what="the reconnection")
+            r = await c.call_tool("web_add", {"a": 2, "b": 3})
+            assert not r.is_error and "5" in texts(r)
+
+
 async def test_sse_upstream(kiln: Path) -> None:
     async with http_upstream("sse") as up, running(http_spec(up, "sse")) as gw:
         async with Client(bridge_for(kiln, gw).server, mode="legacy") as c:
