@@ -28,6 +28,7 @@ from conftest import (
 )
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
+from proc_state import pid_alive  # fixtures/ (on the path from conftest)
 
 from crucible.kiln_mcp import CrucibleKilnBackend
 from crucible.permissions import PermissionPolicy, ToolKey
@@ -191,15 +192,7 @@ async def test_an_upstream_writing_an_endless_line_is_cut_off_not_buffered(kiln:
         await wait_for(lambda: gw.upstreams["up"].state == "stopped")
         r = await c.call_tool("up_add", {"a": 1, "b": 1})
         assert r.is_error and "the server wrote a line longer than 32 MiB" in texts(r), texts(r)
-        await wait_for(lambda: not _alive(pid), what="the runaway server to be stopped")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+        await wait_for(lambda: not pid_alive(pid), what="the runaway server to be stopped")
 
 
 async def test_slow_call_ends_at_the_servers_timeout_with_the_documented_message(kiln: Path) -> None:

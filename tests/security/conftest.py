@@ -65,16 +65,6 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10, what: str = "condit
         time.sleep(0.02)
 
 
-def pid_alive(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
-
-
 def descendants(pid: int) -> set[int]:
     """Every process below `pid` (children, grandchildren, …), from /proc."""
     children: dict[int, list[int]] = {}
@@ -99,6 +89,8 @@ def descendants(pid: int) -> set[int]:
 
 
 sys.path.insert(0, str(REPO / "fixtures"))
+
+from proc_state import pid_alive  # noqa: E402, F401  (re-exported: fixtures/, shared with the gateway tests)
 
 
 class RawAcp:
