@@ -30,7 +30,7 @@ from chromadb.utils.embedding_functions import register_embedding_function
 
 from crucible.config import EmbedderConfig, cache_dir
 from crucible.errors import CrucibleError
-from crucible.kiln.atomic import content_hash
+from crucible.kiln.atomic import atomic_write_bytes, content_hash
 from crucible.private_files import FILE_MODE, private_dir
 
 logger = logging.getLogger(__name__)
@@ -327,15 +327,8 @@ def cached_model(folder: Path, int8: bool = False) -> str | bytes:
         model = quantize_model(model)
     try:
         private_dir(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".onnx")  # 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(model)
-            os.chmod(tmp, FILE_MODE)
-            os.replace(tmp, path)  # whole or not at all, whoever else builds it meanwhile
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        # Whole or not at all, whoever else builds it meanwhile.
+        atomic_write_bytes(path, model, new_file_mode=FILE_MODE)
     except OSError as exc:  # a read-only or full cache folder: build again next time
         logger.debug("could not cache the embedder's graph: %s", exc)
     return model
