@@ -14,6 +14,11 @@ condition for making int8 the default is >= 0.99 on each) and on the kiln's chun
 `--load` (any venv): loading the model in a new process, the graph built (no cache) against the
 graph read from Crucible's cache, alternated, same run: the load's wall time and the longest
 stall it causes to another thread of the process (the chat's screen, the event loop).
+
+`--peak ROUNDS` (any venv): the embedder's batches bounded to TOKENS_PER_BATCH tokens against
+unbounded (16 rows of the longest texts, as before), each in a new process, alternated: peak RSS
+and texts/s embedding the kiln's chunks (the library), and peak RSS and wall time of
+`cru kiln index` on a generated kiln (the command a person types; its own process).
 """
 
 from __future__ import annotations
@@ -140,6 +145,78 @@ def load(rounds: int) -> None:
           f"stall {med['cached'][1] / med['built'][1]:.2f}x")
 
 
+_PEAK_PROBE = """
+import json, resource, sys, time
+import crucible.kiln.embedder as E
+if sys.argv[1] == "unbounded":
+    E.TOKENS_PER_BATCH = 1 << 30
+texts = json.load(open(sys.argv[2]))
+emb = E.MiniLMEmbedder()
+emb.embed(["warm up"])
+t = time.perf_counter()
+emb.embed(texts)
+took = time.perf_counter() - t
+print(json.dumps({"seconds": took, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+_PEAK_COMMAND = """
+import sys
+import crucible.kiln.embedder as E
+if sys.argv[1] == "unbounded":
+    E.TOKENS_PER_BATCH = 1 << 30
+from crucible.cli import main
+sys.exit(main(["kiln", "index", "--kiln", sys.argv[2]]))
+"""
+
+
+def peak(rounds: int, notes: int) -> None:
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from index import generate_kiln  # bench/index.py
+
+    texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(1000)
+    lib: dict[str, list[tuple[float, int]]] = {"bounded": [], "unbounded": []}
+    cmd: dict[str, list[tuple[float, int]]] = {"bounded": [], "unbounded": []}
+    with tempfile.TemporaryDirectory(prefix="crucible-bench-peak-") as tmp:
+        src = Path(tmp) / "texts.json"
+        src.write_text(json.dumps(texts))
+        generated = Path(tmp) / "generated"
+        generate_kiln(generated, notes)
+        for rnd in range(rounds):
+            for kind in (("bounded", "unbounded") if rnd % 2 == 0 else ("unbounded", "bounded")):
+                out = subprocess.run([sys.executable, "-c", _PEAK_PROBE, kind, str(src)],
+                                     capture_output=True, text=True, check=True).stdout
+                got = json.loads(out.splitlines()[-1])
+                lib[kind].append((got["seconds"], got["peak"]))
+                kiln = Path(tmp) / f"kiln-{kind}"
+                shutil.rmtree(kiln, ignore_errors=True)
+                shutil.copytree(generated, kiln)
+                # Only this child runs between the two readings: RUSAGE_CHILDREN's max is its peak
+                # when it is the largest child so far, so each kind runs in its own interpreter.
+                t = time.perf_counter()
+                run = subprocess.run(
+                    [sys.executable, "-c", "import resource, subprocess, sys; "
+                     "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+                     "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)",
+                     sys.executable, "-c", _PEAK_COMMAND, kind, str(kiln)],
+                    capture_output=True, text=True, check=True)
+                cmd[kind].append((time.perf_counter() - t, int(run.stdout.split()[-1])))
+    for label, figures, what in (("library", lib, f"{len(texts)} chunks"),
+                                 ("cru kiln index", cmd, f"{notes} generated notes")):
+        med = {k: (float(np.median([f[0] for f in v])), float(np.median([f[1] for f in v])))
+               for k, v in figures.items()}
+        for kind, (secs, rss) in med.items():
+            print(f"{label:14s} {kind:9s} {what}: {secs:6.2f} s, peak RSS {rss / 2**20:6.0f} MiB "
+                  f"(median of {rounds})")
+        print(f"{label:14s} bounded / unbounded: time {med['bounded'][0] / med['unbounded'][0]:.2f}x, "
+              f"peak RSS {med['bounded'][1] / med['unbounded'][1]:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=16)
@@ -149,7 +226,13 @@ def main() -> None:
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
     ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
     ap.add_argument("--load", type=int, metavar="ROUNDS", help="model load: graph built vs cached")
+    ap.add_argument("--peak", type=int, metavar="ROUNDS",
+                    help="batches bounded by tokens vs unbounded: peak RSS and speed")
+    ap.add_argument("--notes", type=int, default=2000, help="--peak: notes in the generated kiln")
     args = ap.parse_args()
+    if args.peak:
+        peak(args.peak, args.notes)
+        return
     if args.load:
         load(args.load)
         return

@@ -66,6 +66,36 @@ def test_batch_size_does_not_change_vectors(reference: list[dict]) -> None:
     assert (one * many).sum(axis=1).min() > 0.99999
 
 
+def test_a_batch_holds_at_most_the_token_budget_and_vectors_do_not_change(
+    reference: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long texts go a few at a time (the attention's buffers grow with rows x width^2: the
+    worker's peak memory), short ones many at a time; the vectors are those of one big batch."""
+    texts = [item["text"] for item in reference]
+    embedder = MiniLMEmbedder(batch_size=16)
+    runtime = emb._runtime(embedder.threads)
+    shapes: list[tuple[int, int]] = []
+    real_run = runtime.session.run
+
+    def recording_run(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        shapes.append(feeds["input_ids"].shape)
+        return real_run(names, feeds)
+
+    monkeypatch.setattr(runtime.session, "run", recording_run, raising=False)
+    bounded = embedder.embed(texts)
+    assert shapes and all(rows == 1 or rows * width <= emb.TOKENS_PER_BATCH for rows, width in shapes)
+    assert max(width for _, width in shapes) == 256  # the fixture's long texts, truncated
+    # Every batch but the last is as full as the budget allows (short texts: 16 rows).
+    for rows, width in shapes[:-1]:
+        assert rows == min(16, max(1, emb.TOKENS_PER_BATCH // width)), shapes
+    assert max(rows for rows, _ in shapes) > 1
+    monkeypatch.setattr(emb, "TOKENS_PER_BATCH", 1 << 30)
+    shapes.clear()
+    unbounded = embedder.embed(texts)
+    assert max(rows for rows, _ in shapes) == 16 and len(shapes) < len(texts)
+    assert (bounded * unbounded).sum(axis=1).min() > 0.99999
+
+
 def test_long_texts_are_truncated_like_sentence_transformers(builtin: Embedder) -> None:
     head = "notes about the kiln index " * 60  # > 256 word pieces already
     vectors = builtin.embed([head, head + " completely different tail about cooking pasta"])

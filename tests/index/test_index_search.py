@@ -4,6 +4,7 @@ text search with line numbers, property search, and bad queries."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.index import KilnIndex
-from crucible.kiln.lexical import Bm25, LexicalIndex, tokenize
+from crucible.kiln.lexical import Bm25, LexicalIndex, field_tokens, note_fields, tokenize
 from crucible.kiln.search import (
     hybrid_search,
     property_search,
@@ -159,6 +160,20 @@ def test_bm25_add_remove_and_ranking() -> None:
     bm.remove("a")
     assert len(bm) == 2 and [d for d, _ in bm.search(tokenize("cat"), 5)] == ["b"]
     assert tokenize("The Linking of Notes") == ["link", "note"]
+
+
+def test_a_notes_terms_are_counted_by_field_weight() -> None:
+    """What the lexical index holds for a note: each field's words (stemmed, stop words out)
+    counted title x3, headings x2, path x2, description/aliases x2, body x1."""
+    text = ("---\ndescription: Planting notes for spring\naliases: [veg plot]\n---\n"
+            "# Garden Beds\n\nThe beds get compost.\n\n## Watering\n\nWater the beds at dawn; beds dry fast.\n")
+    tokens = field_tokens(note_fields(text, "Home/Garden Beds.md"))
+    counts = Counter(tokens)
+    assert counts["garden"] == 3 and counts["bed"] == 3 + 3  # title x3 + three in the body
+    assert counts["water"] == 2 + 1  # the heading x2 + "Water" in the body
+    assert counts["home"] == 2  # the folder; the file name is the title, not counted again
+    assert counts["spring"] == 2 and counts["veg"] == 2 and counts["plot"] == 2
+    assert counts["compost"] == 1 and "the" not in counts
 
 
 def test_snippet_centres_on_the_query() -> None:
