@@ -91,6 +91,8 @@ class BackgroundIndex:
         self._state_lock = threading.Lock()
         self._listeners: list[StateFn] = []
         self._notified = 0.0
+        self._late: threading.Timer | None = None  # sends a change the throttle held back
+        self._send_lock = threading.Lock()
 
     # -- for the owner -----------------------------------------------------------------------
 
@@ -175,11 +177,35 @@ class BackgroundIndex:
         with self._state_lock:
             self._state = replace(self._state, **changes)
             state = self._state
-            listeners = list(self._listeners)
             now = time.monotonic()
             if not force and state.phase == "embedding" and now - self._notified < NOTIFY_EVERY:
+                # Held back, not dropped: sent when the interval is over unless a newer one
+                # goes first (a long group after it would leave the bar behind meanwhile).
+                if self._late is None and not self._stop.is_set():
+                    self._late = threading.Timer(self._notified + NOTIFY_EVERY - now, self._send_late)
+                    self._late.name, self._late.daemon = "kiln-index-progress", True
+                    self._late.start()
                 return
             self._notified = now
+        self._send()
+
+    def _send_late(self) -> None:
+        with self._state_lock:
+            self._late = None
+            if self._stop.is_set() or time.monotonic() - self._notified < NOTIFY_EVERY * 0.9:
+                return  # a newer change was sent meanwhile
+            self._notified = time.monotonic()
+        self._send()
+
+    def _send(self) -> None:
+        # One sender at a time, each with the newest state: a listener never sees an older
+        # state after a newer one (the late sender is another thread).
+        with self._send_lock:
+            with self._state_lock:
+                state, listeners = self._state, list(self._listeners)
+            self._notify(state, listeners)
+
+    def _notify(self, state: IndexState, listeners: list[StateFn]) -> None:
         for fn in listeners:
             try:
                 fn(state)

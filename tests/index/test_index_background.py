@@ -179,6 +179,31 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
         background.close()
 
 
+def test_a_progress_change_held_back_by_the_throttle_is_sent_late_not_dropped(tiny_kiln: Path) -> None:
+    """Progress is sent at most every NOTIFY_EVERY; a change inside that interval reaches the
+    status bar when it is over (before: it was dropped, and the bar showed the older share until
+    the next group of notes was done, which can take long)."""
+    from crucible.kiln import builder
+
+    heard: list[tuple[str, float]] = []
+    got_last = threading.Event()
+
+    def listener(state: Any) -> None:
+        heard.append((state.phase, state.embedded))
+        if state.embedded == 0.5:
+            got_last.set()
+
+    background = BackgroundIndex(tiny_kiln, Config())  # never started: its progress driven here
+    background.subscribe(listener)
+    background._set(phase="embedding", embedded=0.1, notes=3)
+    background._set(embedded=0.3)  # within the interval: held back ...
+    background._set(embedded=0.5)  # ... and replaced by the newer share
+    assert heard == [("embedding", 0.1)]
+    assert got_last.wait(builder.NOTIFY_EVERY * 4), heard
+    assert heard == [("embedding", 0.1), ("embedding", 0.5)]  # the newest, once, in order
+    background.close()
+
+
 # --- through `cru mcp` -----------------------------------------------------------------------
 
 
