@@ -2,7 +2,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from crucible.session_store import SessionMeta, SessionStore
+from crucible.session_store import SessionMeta, SessionStore, clean_title
 
 
 def make(store: SessionStore, sid: str = "20261202-120000-abcdef") -> None:
@@ -86,3 +86,23 @@ def test_messages_saved_in_parts_are_read_whole(tmp_path: Path) -> None:
                {"type": "user_message", "text": "next"}, {"type": "agent_message", "text": "again"}]
     assert [(r["type"], r["text"]) for r in message_records(records)] == [
         ("agent_message", "Hello"), ("user_message", "next"), ("agent_message", "again")]
+
+
+def test_a_title_keeps_no_escape_sequence_or_its_remains() -> None:
+    """Titles come from the agent (session_info_update) or the prompt and are listed in the
+    terminal: an escape sequence goes whole, not just its ESC ("[31m" was left behind)."""
+    cases = {
+        "Planning the \x1b[31mgarden\nbeds": "Planning the garden beds",  # SGR colour
+        "a\x1b]0;window title\x07b": "ab",  # OSC: set the terminal's title
+        "see \x1b]8;;http://x.example\x1b\\this link\x1b]8;;\x1b\\ now": "see this link now",  # OSC 8
+        "c\x9b2Jd": "cd",  # C1 CSI: clear the screen
+        "reset\x1bc here": "reset here",  # RIS
+        "\x1bP1;2|data\x1b\\after": "after",  # DCS
+        "cut off \x1b[38;5": "cut off",  # a sequence the end of the text cut
+        "ok \u202e rtl\ttab": "ok rtl tab",  # bidi control dropped, white space folded
+    }
+    for raw, shown in cases.items():
+        assert clean_title(raw) == shown, raw
+    # Hostile lengths stay fast (no backtracking) and the title stays bounded.
+    assert clean_title("\x1b[" + "0;" * 200_000 + "m" + "x" * 500) == "x" * 120
+    assert clean_title("\x1b]" * 100_000 + "y") == ""  # an unterminated OSC swallows the rest

@@ -66,11 +66,12 @@ def test_sessions_finds_a_conversation_by_its_text_and_the_chat_goes_on_with_it(
                "tell me about the old town")
     store = SessionStore(sessions_root(tui.env))
     convs = {c.title: c for c in store.conversations()}
-    assert set(convs) == {"Garden [31mbeds[0m plan", "tell me about the old town"}, convs  # saved cleaned
-    first, second = convs["Garden [31mbeds[0m plan"], convs["tell me about the old town"]
+    # saved cleaned: the escapes gone whole, no "[31m" left of them
+    assert set(convs) == {"Garden beds plan", "tell me about the old town"}, convs
+    first, second = convs["Garden beds plan"], convs["tell me about the old town"]
     # A title with its escapes still in it (a session.json from elsewhere): the picker shows it inert.
     meta_file = store.root / first.id / "session.json"
-    meta_file.write_text(meta_file.read_text().replace("Garden [31mbeds", "Garden \\u001b[31mbeds"))
+    meta_file.write_text(meta_file.read_text().replace("Garden beds", "Garden \\u001b[31mbeds"))
     assert store.meta(first.id).title.startswith("Garden \x1b[31mbeds")
 
     screen = tui.open(None)
@@ -80,7 +81,7 @@ def test_sessions_finds_a_conversation_by_its_text_and_the_chat_goes_on_with_it(
     rows = picker_rows(shown)
     assert any("tell me about the old town" in row and row.startswith("▶") for row in rows)  # newest, chosen
     garden = next(row for row in rows if "Garden" in row)
-    assert "Garden ^[[31mbeds[0m plan" in garden and "scripted_agent" in garden and "1 turn" in garden
+    assert "Garden ^[[31mbeds plan" in garden and "scripted_agent" in garden and "1 turn" in garden
     assert b"\x1b[31mbeds" not in bytes(screen.raw)  # the agent's escape never reached the terminal
 
     screen.send("harbour")  # a word of the second conversation's text only (not of a title)
