@@ -33,6 +33,7 @@ from crucible.events import (
     permission_decision,
     shown_tool_call,
 )
+from crucible.kiln_calls import bridge_call
 from crucible.redaction import StreamRedactor, redact
 from crucible.terminal import json_safe, sanitize
 
@@ -61,8 +62,12 @@ def event_json(event: Any) -> dict[str, Any]:
 
 
 def tool_line(event: ToolCallEvent) -> str:
+    """`[tool] semantic_search "sourdough" (search): completed`: Crucible's own tools by their
+    clean title, whatever the agent calls them (`mcp__crucible__semantic_search`), as in the chat."""
     c = event.call
-    return f"[tool] {c.title or c.tool_call_id} ({c.kind or 'other'}): {c.status or 'pending'}"
+    bridge = bridge_call(c)
+    title = bridge.title if bridge is not None else c.title or c.tool_call_id
+    return f"[tool] {title} ({c.kind or 'other'}): {c.status or 'pending'}"
 
 
 def permission_line(event: PermissionResolved) -> str:

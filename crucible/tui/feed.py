@@ -22,8 +22,8 @@ from acp_host.session import (
     UserChunk,
 )
 from crucible.events import ChildEvent, Notice, Renderer, joined_chunks, permission_decision
+from crucible.kiln_calls import WRITE_TOOLS, BridgeCall, bridge_call, proposed_write
 from crucible.terminal import sanitize
-from crucible.tui.kiln_calls import WRITE_TOOLS, BridgeCall, bridge_call, proposed_write
 from crucible.tui.status import plan_lines
 from crucible.tui.tool_calls import ToolEntry
 from crucible.tui.transcript import BlockEntry, Entry, TextEntry

@@ -32,16 +32,16 @@ from acp_host.session import Decision, DecisionKind
 from crucible.bounded_load import BoundedLoadError, load_toml
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text
-from crucible.private_files import FILE_MODE, private_dir
-from crucible.sessions import PermissionAsk
-from crucible.terminal import sanitize
-from crucible.tui.kiln_calls import (
+from crucible.kiln_calls import (
     WRITE_TOOLS,
     BridgeCall,
     ProposedWrite,
     bridge_call,
     proposed_write,
 )
+from crucible.private_files import FILE_MODE, private_dir
+from crucible.sessions import PermissionAsk
+from crucible.terminal import sanitize
 from crucible.tui.markdown import Fragments, wrap
 from crucible.tui.tool_calls import diff_lines, pretty, write_lines
 

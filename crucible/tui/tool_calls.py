@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
-from crucible.terminal import sanitize
-from crucible.tui.kiln_calls import (
+from crucible.kiln_calls import (
     SEARCH_TOOLS,
     WRITE_TOOLS,
     BridgeCall,
@@ -22,6 +21,7 @@ from crucible.tui.kiln_calls import (
     search_hits,
     summary_line,
 )
+from crucible.terminal import sanitize
 from crucible.tui.markdown import Fragments
 from crucible.tui.transcript import BlockEntry
 

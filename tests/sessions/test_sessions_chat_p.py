@@ -44,6 +44,22 @@ def test_json_format_prints_one_object_per_event(chat: ChatRunner) -> None:
     assert types[-1] == "turn_ended" and events[-1]["stop_reason"] == "end_turn"
 
 
+def test_crucibles_own_tools_get_their_clean_title_whatever_the_agent_calls_them(chat: ChatRunner) -> None:
+    """As in the chat: `semantic_search "sourdough"`, not `mcp__crucible__semantic_search`."""
+    calls = []
+    for i, name in enumerate(("mcp__crucible__semantic_search", "crucible_semantic_search")):
+        calls += [{"tool_call": {"toolCallId": f"s{i}", "title": name, "kind": "search", "status": "pending",
+                                 "rawInput": {"query": "sourdough starter", "limit": 3}}},
+                  {"tool_call_update": {"toolCallId": f"s{i}", "status": "completed"}}]
+    res = chat.run({"prompts": [[*calls, {"tool_call": {
+        "toolCallId": "b1", "title": "ls notes", "kind": "execute", "status": "completed"}}, {"text": "found"}]]},
+        "find bread")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count('[tool] semantic_search "sourdough starter" (search): completed') == 2, res.stderr
+    assert "mcp__crucible__" not in res.stderr and "crucible_semantic_search" not in res.stderr
+    assert "[tool] ls notes (execute): completed" in res.stderr  # another tool: its own title
+
+
 def test_approve_all_answers_with_the_allow_option(chat: ChatRunner) -> None:
     res = chat.run(permission_turn(), "go", "--approve-all")
     assert res.returncode == 0, res.stderr

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from acp_host.session import ToolCall
-from crucible.tui.kiln_calls import BridgeCall, bridge_call, proposed_write, search_hits
+from crucible.kiln_calls import BridgeCall, bridge_call, proposed_write, search_hits
 from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
 from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
 from crucible.tui.prompts import PromptQueue, Queued
@@ -200,9 +200,9 @@ def test_the_status_bar_shows_a_spinner_and_the_time_while_a_turn_runs() -> None
 
 
 def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None:
+    from crucible.kiln_calls import ProposedWrite
     from crucible.permissions import ToolKey
     from crucible.sessions import PermissionAsk
-    from crucible.tui.kiln_calls import ProposedWrite
     from crucible.tui.permissions import Pending, PermissionQueue, dialog_lines
 
     queue = PermissionQueue(lambda: None)
