@@ -59,8 +59,10 @@ class AgentLoop:
         if self.ui.session is not None:
             self.restart_requested = True
             self.session_done.set()
-        elif self.switching is not None and self.session_scope is not None:
-            # The agent is still starting: that start gives way to the conversation chosen.
+        elif self.session_scope is not None:
+            # The agent is still starting (perhaps stuck: a download, an initialize that never
+            # answers): that start is stopped, its process with it, and the agent started again
+            # (or the conversation chosen in the picker).
             self.restart_requested = True
             self.session_scope.cancel()
         else:

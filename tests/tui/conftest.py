@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
+sys.path.insert(0, str(REPO / "fixtures"))  # proc_state (shared with the security and gateway tests)
 
 
 class Screen:

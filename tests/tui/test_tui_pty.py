@@ -6,12 +6,14 @@ import json
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import SCRIPTED, Screen, TuiRunner, group_gone
+from proc_state import pid_alive  # fixtures/ (on the path from conftest)
 
 REPO = Path(__file__).resolve().parents[2]
 CTRL_C, CTRL_D, SHIFT_TAB, ESC_ENTER = "\x03", "\x04", "\x1b[Z", "\x1b\r"
@@ -432,6 +434,48 @@ def test_an_agent_that_cannot_start_leaves_the_chat_usable(tui: TuiRunner) -> No
     screen.wait_all("model backend unavailable", "/restart tries again")
     screen.type_line("/help")
     screen.wait_for("Commands:")
+    leave(screen)
+
+
+def _agents_of(cru_pid: int) -> list[int]:
+    """The scripted agents `cru chat` runs now (its children whose command is the agent's)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        if ppid == cru_pid and SCRIPTED.name.encode() in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def test_restart_while_the_agent_is_starting_starts_it_again(tui: TuiRunner) -> None:
+    """An agent stuck starting (its initialize never answered): /restart stops that start,
+    its process with it, and starts the agent again (before: /restart did nothing until the
+    start ended, which could be never)."""
+    screen = tui.open({"initialize": {"respond": False}})
+    screen.wait_for(lambda s: "starting agent" in s.splitlines()[-1])
+    tui.wait_for_log(lambda e: e.get("frame", {}).get("method") == "initialize")
+    first = _agents_of(screen.child.pid)
+    assert len(first) == 1, first
+    screen.type_line("/restart")
+    screen.wait_for("restarting the agent")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        started = [e for e in tui.agent_log() if e.get("frame", {}).get("method") == "initialize"]
+        if len(started) == 2 and not pid_alive(first[0]):
+            break
+        time.sleep(0.05)
+    assert len(started) == 2, "the agent was not started again"
+    assert not pid_alive(first[0]), "the stuck start's process was left running"
+    second = _agents_of(screen.child.pid)
+    assert len(second) == 1 and second != first, second
+    assert "starting agent" in screen.text().splitlines()[-1]
     leave(screen)
 
 
