@@ -97,6 +97,12 @@ def int8(texts: list[str], batch_size: int) -> None:
           f"fp32 {rate['fp32']:.1f} texts/s, int8 {rate['int8']:.1f} texts/s = {rate['int8'] / rate['fp32']:.2f}x")
 
 
+def _medians(figures: dict[str, list[tuple[float, float]]]) -> dict[str, tuple[float, float]]:
+    """Each kind's median of both figures of its rounds."""
+    return {k: (float(np.median([f[0] for f in v])), float(np.median([f[1] for f in v])))
+            for k, v in figures.items()}
+
+
 _PROBE = """
 import json, sys, threading, time
 stalls, stop = [0.0], False
@@ -136,8 +142,7 @@ def load(rounds: int) -> None:
                 got = json.loads(out.splitlines()[-1])
                 assert got["built"] == (kind == "built"), got
                 figures[kind].append((got["load"], got["stall"]))
-    med = {k: (float(np.median([f[0] for f in v])), float(np.median([f[1] for f in v])))
-           for k, v in figures.items()}
+    med = _medians(figures)
     for kind, (took, stall) in med.items():
         print(f"model load, graph {kind:6s}: {took * 1000:6.0f} ms, longest stall of another thread "
               f"{stall * 1000:5.0f} ms (median of {rounds})")
@@ -180,8 +185,8 @@ def peak(rounds: int, notes: int) -> None:
     from index import generate_kiln  # bench/index.py
 
     texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(1000)
-    lib: dict[str, list[tuple[float, int]]] = {"bounded": [], "unbounded": []}
-    cmd: dict[str, list[tuple[float, int]]] = {"bounded": [], "unbounded": []}
+    lib: dict[str, list[tuple[float, float]]] = {"bounded": [], "unbounded": []}
+    cmd: dict[str, list[tuple[float, float]]] = {"bounded": [], "unbounded": []}
     with tempfile.TemporaryDirectory(prefix="crucible-bench-peak-") as tmp:
         src = Path(tmp) / "texts.json"
         src.write_text(json.dumps(texts))
@@ -208,8 +213,7 @@ def peak(rounds: int, notes: int) -> None:
                 cmd[kind].append((time.perf_counter() - t, int(run.stdout.split()[-1])))
     for label, figures, what in (("library", lib, f"{len(texts)} chunks"),
                                  ("cru kiln index", cmd, f"{notes} generated notes")):
-        med = {k: (float(np.median([f[0] for f in v])), float(np.median([f[1] for f in v])))
-               for k, v in figures.items()}
+        med = _medians(figures)
         for kind, (secs, rss) in med.items():
             print(f"{label:14s} {kind:9s} {what}: {secs:6.2f} s, peak RSS {rss / 2**20:6.0f} MiB "
                   f"(median of {rounds})")
