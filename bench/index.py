@@ -257,7 +257,7 @@ async def session_run(kiln: Path, mode: str, seconds: float, extra_env: dict[str
         out["first_index"] = (r.structured_content or {}).get("index")
         pid = _cru_mcp_pid(kiln)
         note = min(p.relative_to(kiln).as_posix() for p in kiln.rglob("*.md"))  # noqa: ASYNC240 - once
-        calls = [
+        calls: list[tuple[str, dict[str, Any]]] = [
             ("get_kiln_roots", {}),
             ("read_note", {"path": note}),
             ("text_search", {"query": "harbor", "limit": 5}),
@@ -466,7 +466,7 @@ def profiled_build(kiln: Path, config: Config) -> tuple[IndexReport, float, Stag
             return call
 
     runtime.tokenizer = Timed(runtime.tokenizer, "encode_batch", "embed: tokenize")  # type: ignore[assignment]
-    runtime.session = Timed(runtime.session, "run", "embed: onnx")  # type: ignore[assignment]
+    runtime.session = Timed(runtime.session, "run", "embed: onnx")
     stages.wrap(I, "read_note", "read + parse notes")
     stages.wrap(I, "chunk_note", "chunk")
     stages.wrap(I, "_file_hash", "scan: hash files")
