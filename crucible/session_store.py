@@ -25,7 +25,6 @@ import builtins
 import fcntl
 import json
 import os
-import re
 import secrets
 import threading
 import time
@@ -38,7 +37,7 @@ from crucible.config import data_dir
 from crucible.errors import CrucibleError
 from crucible.private_files import open_private, private_dir
 from crucible.redaction import StreamRedactor, held_length, redact
-from crucible.terminal import sanitize
+from crucible.terminal import sanitize, without_escapes
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
@@ -84,20 +83,10 @@ class SessionMeta:
 TITLE_MAX = 120
 
 
-# A terminal escape sequence, whole: CSI (ESC [ or C1 0x9b, parameters, one final byte), OSC /
-# DCS / APC / PM / SOS strings up to BEL or ST (or the end), and two-byte ESC sequences. Each
-# branch is one pass with no nested repetition, so matching stays linear in the title's length.
-_ESCAPE = re.compile(
-    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
-    r"|(?:\x1b[\]P_^X]|[\x90\x9d\x9e\x9f\x98])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
-    r"|\x1b[ -~]?"
-)
-
-
 def clean_title(text: str) -> str:
     """One printable line: escape sequences dropped whole (not just their ESC, which left
     "[31m" in the title), other control characters dropped, white space folded."""
-    kept = "".join(c if c.isprintable() else " " if c.isspace() else "" for c in _ESCAPE.sub("", text))
+    kept = "".join(c if c.isprintable() else " " if c.isspace() else "" for c in without_escapes(text))
     return " ".join(kept.split())[:TITLE_MAX]
 
 

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from acp_host.safe_text import json_safe, terminal_safe
+from acp_host.safe_text import json_safe, terminal_safe, without_escapes
 from crucible.redaction import redact
 
-__all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "sanitize"]
+__all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "sanitize", "without_escapes"]
 
 
 

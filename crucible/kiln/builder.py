@@ -203,14 +203,11 @@ class BackgroundIndex:
         with self._send_lock:
             with self._state_lock:
                 state, listeners = self._state, list(self._listeners)
-            self._notify(state, listeners)
-
-    def _notify(self, state: IndexState, listeners: list[StateFn]) -> None:
-        for fn in listeners:
-            try:
-                fn(state)
-            except Exception:  # a listener's bug must not stop the index
-                log.exception("index state listener failed")
+            for fn in listeners:
+                try:
+                    fn(state)
+                except Exception:  # a listener's bug must not stop the index
+                    log.exception("index state listener failed")
 
     def _share(self) -> tuple[float, int]:
         embedded, total = self._index.embedded_share()
