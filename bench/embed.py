@@ -7,9 +7,10 @@ Prints texts/s for each, the ratio (goal >= 1.0x) and parity (min cosine, goal >
 Runs in the bench venv (torch + sentence-transformers), never the dev venv:
     B=$(scripts/setup-bench | tail -1); $B/python bench/embed.py [--limit N] [--batch-size 16]
 
-`--int8` (any venv, no torch): the built-in model quantized to int8 (embedder.quantize_model)
-against fp32, same run: cosine on every fixture text (fixtures/embeddings/reference.json; the
-condition for making int8 the default is >= 0.99 on each) and on the kiln's chunks, and speed.
+`--int8 [--alphas 0.5,0.7]` (any venv, no torch): the built-in model quantized to int8
+(embedder.quantize_model), plain and smoothed (SmoothQuant at each alpha), against fp32, same
+run: cosine on every fixture text (fixtures/embeddings/reference.json; the condition for making
+int8 the default is >= 0.99 on each), in one batch and alone, on the kiln's chunks, and speed.
 
 `--load` (any venv): loading the model in a new process, the graph built (no cache) against the
 graph read from Crucible's cache, alternated, same run: the load's wall time and the longest
@@ -70,31 +71,43 @@ def generated_chunks(n: int) -> list[str]:
     return out
 
 
-def int8(texts: list[str], batch_size: int) -> None:
+def int8(texts: list[str], batch_size: int, alphas: list[float]) -> None:
+    """fp32 against int8 graphs, same run: plain quantization and SmoothQuant at each alpha."""
     import json
 
-    from crucible.kiln.embedder import INT8_MODEL
+    from crucible.kiln import embedder as E
 
-    fp32 = make_embedder(EmbedderConfig(batch_size=batch_size))
-    q8 = make_embedder(EmbedderConfig(batch_size=batch_size, model=INT8_MODEL))
-    fp32.embed(["warm up"])
-    q8.embed(["warm up"])
+    folder = E.model_dir()
+    maxima = E.activation_maxima(folder)
+    assert maxima is not None, "no calibration for these weights: scripts/make_int8_calibration.py"
+    fp32 = E.MiniLMEmbedder(batch_size=batch_size)
     fixtures = [it["text"] for it in json.loads((ROOT / "fixtures/embeddings/reference.json").read_text())["items"]]
-    cos = (fp32.embed(fixtures) * q8.embed(fixtures)).sum(axis=1)
-    worst = int(np.argmin(cos))
-    print(f"fixture texts ({len(fixtures)}): cosine int8 vs fp32 min {cos.min():.4f} (on "
-          f"{fixtures[worst][:40]!r}), mean {cos.mean():.4f}; below 0.99: {int((cos < 0.99).sum())}")
-    times: dict[str, list[float]] = {"fp32": [], "int8": []}
-    vectors = {}
-    for rnd in range(2):  # alternate who goes first
-        for who, emb in ((("fp32", fp32), ("int8", q8)) if rnd == 0 else (("int8", q8), ("fp32", fp32))):
-            t = time.perf_counter()
-            vectors[who] = emb.embed(texts)
-            times[who].append(time.perf_counter() - t)
-    cos = (vectors["fp32"] * vectors["int8"]).sum(axis=1)
-    rate = {w: len(texts) / min(ts) for w, ts in times.items()}
-    print(f"kiln chunks ({len(texts)}): cosine min {cos.min():.4f}, mean {cos.mean():.4f}; "
-          f"fp32 {rate['fp32']:.1f} texts/s, int8 {rate['int8']:.1f} texts/s = {rate['int8'] / rate['fp32']:.2f}x")
+    ref_fix, ref = fp32.embed(fixtures), fp32.embed(texts)
+    variants: dict[str, bytes] = {"plain (no smoothing)": E.quantize_model(E.build_onnx_model(folder))}
+    default_alpha = E.SMOOTH_ALPHA
+    for alpha in alphas:
+        E.SMOOTH_ALPHA = alpha
+        variants[f"smoothed a={alpha:g}"] = E.quantize_model(E.build_onnx_model(folder, maxima))
+    E.SMOOTH_ALPHA = default_alpha
+    runtimes = {label: E._Runtime(folder, fp32.threads, graph=graph) for label, graph in variants.items()}
+    print(f"int8 vs fp32, cosine on the {len(fixtures)} fixture texts (in one batch, and each alone) "
+          f"and on {len(texts)} kiln chunks; speed on the chunks (best of 2, alternated with fp32)")
+    for label, runtime in runtimes.items():
+        together = (runtime.run(fixtures, batch_size) * ref_fix).sum(axis=1)
+        alone = np.array([float(runtime.run([t], batch_size)[0] @ ref_fix[i]) for i, t in enumerate(fixtures)])
+        both = np.minimum(together, alone)
+        worst = int(np.argmin(both))
+        times: dict[str, list[float]] = {"fp32": [], "int8": []}
+        for _ in range(2):
+            for who in ("fp32", "int8"):
+                t = time.perf_counter()
+                got = fp32.embed(texts) if who == "fp32" else runtime.run(texts, batch_size)
+                times[who].append(time.perf_counter() - t)
+        chunk_cos = (got * ref).sum(axis=1)
+        print(f"  {label:22s} fixtures min {both.min():.4f} (batch {together.min():.4f}, alone "
+              f"{alone.min():.4f}; worst {fixtures[worst][:16]!r}) mean {together.mean():.4f}, below 0.99: "
+              f"{int((both < 0.99).sum())} | chunks min {chunk_cos.min():.4f} mean {chunk_cos.mean():.4f} | "
+              f"{min(times['fp32']) / min(times['int8']):.2f}x fp32's speed")
 
 
 def _medians(figures: dict[str, list[tuple[float, float]]]) -> dict[str, tuple[float, float]]:
@@ -229,6 +242,7 @@ def main() -> None:
     )
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
     ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
+    ap.add_argument("--alphas", default="0.5,0.7", help="--int8: SmoothQuant alphas to compare")
     ap.add_argument("--load", type=int, metavar="ROUNDS", help="model load: graph built vs cached")
     ap.add_argument("--peak", type=int, metavar="ROUNDS",
                     help="batches bounded by tokens vs unbounded: peak RSS and speed")
@@ -245,7 +259,7 @@ def main() -> None:
         if args.limit and args.limit < len(texts):
             step = len(texts) / args.limit
             texts = [texts[int(i * step)] for i in range(args.limit)]
-        int8(texts, args.batch_size)
+        int8(texts, args.batch_size, [float(a) for a in args.alphas.split(',')])
         return
 
     import torch

@@ -12,6 +12,8 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
         # time from spawning `cru mcp` on a kiln never indexed to its first semantic_search answer
     $V/python bench/index.py --first-answer-indexed 3
         # the same on the embedded sample kiln (the query model loads): graph built vs cached
+    $V/python bench/index.py --command-models 2 [--notes 2000]
+        # `cru kiln index` with the default fp32 embedder vs the int8 option, alternated
 
 Each kiln is copied (or generated) into a temporary folder, so its index starts empty.
 """
@@ -530,6 +532,41 @@ def compare_old(base: Path, notes: int, model: str | None = None) -> None:
           "(goal <= 2%)", flush=True)
 
 
+def command_models(base: Path, notes: int, rounds: int) -> None:
+    """`cru kiln index` (the command a person types) on copies of a generated kiln, the default
+    fp32 embedder against the int8 option, alternated in new processes, same run: wall and CPU time."""
+    import resource
+
+    src = base / f"generated-{notes}"
+    if not src.is_dir():
+        generate_kiln(src, notes)
+    config = base / "int8.toml"
+    config.write_text('[embedder]\nmodel = "all-MiniLM-L6-v2-int8"\n')
+    figures: dict[str, list[tuple[float, float]]] = {"fp32 (default)": [], "int8 (option)": []}
+    for rnd in range(rounds):
+        order = list(figures) if rnd % 2 == 0 else list(reversed(figures))
+        for label in order:
+            kiln = base / "command-models"
+            shutil.rmtree(kiln, ignore_errors=True)
+            shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+            env = {k: v for k, v in os.environ.items() if k != "CRUCIBLE_CONFIG"}
+            env["XDG_CONFIG_HOME"] = str(base / "no-config")  # no person's config in the way
+            if "int8" in label:
+                env["CRUCIBLE_CONFIG"] = str(config)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run([CRU, "kiln", "index", "--kiln", str(kiln)], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wall = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            figures[label].append((wall, cpu))
+            print(f"  {label}: {wall:.1f}s wall, {cpu:.1f} CPU s ({_load()})", flush=True)
+    fp32, q8 = (min(figures[k]) for k in figures)
+    print(f"cru kiln index on {notes} generated notes, best of {rounds}: fp32 {fp32[0]:.1f}s, int8 "
+          f"{q8[0]:.1f}s = {q8[0] / fp32[0]:.2f}x the wall time ({q8[1] / fp32[1]:.2f}x the CPU time)")
+
+
 def show(label: str, what: str, r: IndexReport) -> None:
     print(f"  [{label}] {what}: {r.elapsed:.3f}s, notes indexed {r.notes_indexed} "
           f"unchanged {r.notes_unchanged} removed {r.notes_removed}, chunks embedded "
@@ -555,7 +592,14 @@ def main() -> int:
     ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
     ap.add_argument("--compare-old", action="store_true",
                     help="the whole build, today's code vs this code in one run, with a profile")
+    ap.add_argument("--command-models", type=int, metavar="ROUNDS",
+                    help="`cru kiln index` with the default fp32 embedder vs the int8 option")
     args = ap.parse_args()
+    if args.command_models:
+        base = cache_dir() / "sessions"
+        base.mkdir(parents=True, exist_ok=True)
+        command_models(base, args.notes or 2000, args.command_models)
+        return 0
     modes_notes = args.notes or 2000
     args.notes = args.notes or 10_000
     if args.first_answer_indexed:

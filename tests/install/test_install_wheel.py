@@ -44,6 +44,9 @@ def test_the_wheel_install_runs_from_its_own_files(installed_venv: Path, tmp_pat
     assert cards.returncode == 0, cards.stderr
     for name in ("librarian", "planner", "reviewer"):  # package data in the wheel
         assert name in cards.stdout
+    # The int8 embedder's calibration is package data too (without it int8 loses precision).
+    calibration = installed_venv.glob("lib/python*/site-packages/crucible/kiln/minilm_activations.npz")
+    assert len(list(calibration)) == 1
 
 
 def test_first_index_fetches_the_weights_once_then_works_offline(
