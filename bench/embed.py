@@ -11,6 +11,7 @@ Runs in the bench venv (torch + sentence-transformers), never the dev venv:
 (embedder.quantize_model), plain and smoothed (SmoothQuant at each alpha), against fp32, same
 run: cosine on every fixture text (fixtures/embeddings/reference.json; the condition for making
 int8 the default is >= 0.99 on each), in one batch and alone, on the kiln's chunks, and speed.
+`--sensitivity`: what each node's quantization costs, one node at a time left in fp32.
 
 `--load` (any venv): loading the model in a new process, the graph built (no cache) against the
 graph read from Crucible's cache, alternated, same run: the load's wall time and the longest
@@ -108,6 +109,42 @@ def int8(texts: list[str], batch_size: int, alphas: list[float]) -> None:
               f"{alone.min():.4f}; worst {fixtures[worst][:16]!r}) mean {together.mean():.4f}, below 0.99: "
               f"{int((both < 0.99).sum())} | chunks min {chunk_cos.min():.4f} mean {chunk_cos.mean():.4f} | "
               f"{min(times['fp32']) / min(times['int8']):.2f}x fp32's speed")
+
+
+def sensitivity(texts: list[str], batch_size: int) -> None:
+    """The smoothed int8 graph with one node at a time left in fp32: how much cosine to fp32 on
+    the kiln's chunks each node's quantization costs; then the three costliest left in fp32."""
+    from crucible.kiln import embedder as E
+
+    folder = E.model_dir()
+    graph = E.build_onnx_model(folder, E.activation_maxima(folder))
+    fp32 = E.MiniLMEmbedder(batch_size=batch_size)
+    ref = fp32.embed(texts)
+
+    def run(fp32_nodes: list[str]) -> tuple[float, float, float]:
+        runtime = E._Runtime(folder, fp32.threads, graph=E.quantize_model(graph, fp32_nodes))
+        started = time.perf_counter()
+        cos = (runtime.run(texts, batch_size) * ref).sum(axis=1)
+        return float(cos.mean()), float(cos.min()), time.perf_counter() - started
+
+    layers = range(6)
+    nodes = [f"{op}_l{i}_{out}" for i in layers for op, out in
+             (("Attention", "ctx"), ("MatMul", "ao"), ("MatMul", "in"), ("MatMul", "out"))]
+    base = run([])
+    print(f"all int8: cosine mean {base[0]:.5f} min {base[1]:.4f} on {len(texts)} chunks")
+    cost = {}
+    for node in nodes:
+        mean, low, _ = run([node])
+        cost[node] = mean - base[0]
+        print(f"  {node:18s} in fp32: mean {mean:.5f} (+{cost[node]:.5f}) min {low:.4f}", flush=True)
+    worst = sorted(cost, key=lambda n: -cost[n])[:3]
+    timed = {"fp32": 0.0}
+    for label, nodes_kept in (("all int8", []), (f"{', '.join(worst)} in fp32", worst)):
+        mean, low, took = run(nodes_kept)
+        started = time.perf_counter()
+        fp32.embed(texts)
+        timed["fp32"] = time.perf_counter() - started
+        print(f"{label}: mean {mean:.5f} min {low:.4f}, {timed['fp32'] / took:.2f}x fp32's speed")
 
 
 def _medians(figures: dict[str, list[tuple[float, float]]]) -> dict[str, tuple[float, float]]:
@@ -243,6 +280,8 @@ def main() -> None:
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
     ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
     ap.add_argument("--alphas", default="0.5,0.7", help="--int8: SmoothQuant alphas to compare")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="int8: what each node's quantization costs (one at a time in fp32)")
     ap.add_argument("--load", type=int, metavar="ROUNDS", help="model load: graph built vs cached")
     ap.add_argument("--peak", type=int, metavar="ROUNDS",
                     help="batches bounded by tokens vs unbounded: peak RSS and speed")
@@ -254,12 +293,15 @@ def main() -> None:
     if args.load:
         load(args.load)
         return
-    if args.int8:
+    if args.int8 or args.sensitivity:
         texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(args.generated)
         if args.limit and args.limit < len(texts):
             step = len(texts) / args.limit
             texts = [texts[int(i * step)] for i in range(args.limit)]
-        int8(texts, args.batch_size, [float(a) for a in args.alphas.split(',')])
+        if args.sensitivity:
+            sensitivity(texts, args.batch_size)
+        else:
+            int8(texts, args.batch_size, [float(a) for a in args.alphas.split(',')])
         return
 
     import torch

@@ -340,10 +340,11 @@ def activation_maxima(folder: Path) -> dict[str, np.ndarray] | None:
     return maxima
 
 
-def quantize_model(graph: bytes) -> bytes:
+def quantize_model(graph: bytes, fp32_nodes: Sequence[str] = ()) -> bytes:
     """onnxruntime's dynamic int8 quantization of a graph built with activation maxima: its
     pre-processing (ONNX shape inference and graph optimization; the symbolic pass cannot read
-    our fused contrib ops), then int8 weights per channel for every MatMul and Attention node."""
+    our fused contrib ops), then int8 weights per channel for every MatMul and Attention node
+    but `fp32_nodes` (named `{op}_{output}`, e.g. MatMul_l0_out: bench/embed.py --sensitivity)."""
     # onnx and its quantizer (~1 s): only the int8 option loads them
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -358,7 +359,7 @@ def quantize_model(graph: bytes) -> bytes:
         quant_pre_process(str(named), str(pre), skip_symbolic_shape=True)
         quantize_dynamic(
             str(pre), str(out), weight_type=QuantType.QInt8, per_channel=True,
-            op_types_to_quantize=["MatMul", "Attention"],
+            op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=list(fp32_nodes),
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
         return out.read_bytes()
