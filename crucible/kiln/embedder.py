@@ -13,6 +13,7 @@ collection's persisted config holds only provider, model and url (no paths, no k
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import json
 import logging
@@ -322,8 +323,6 @@ def smooth_scales(act_max: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 def activation_maxima(folder: Path) -> dict[str, np.ndarray] | None:
     """The calibration shipped with Crucible, if it was taken on these weights (else None)."""
-    import hashlib
-
     path = Path(__file__).with_name(ACTIVATIONS_FILE)
     if not path.is_file():
         return None
