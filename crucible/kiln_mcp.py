@@ -270,7 +270,8 @@ class CrucibleKilnBackend:
         return self._background.index if self._background is not None else None
 
     def index_ready(self) -> bool:
-        return self._index is not None
+        # A kiln never indexed is searched by words while its index opens (see semantic_search)
+        return self._index is not None or self._indexer().answers_by_words()
 
     def open_index(self, progress: ProgressFn) -> None:
         self._call("", self._indexer().open_index)
@@ -282,11 +283,16 @@ class CrucibleKilnBackend:
         return hits
 
     def semantic_search(self, query: str, limit: int) -> RankedResults:
-        # chromadb and the embedder (~1.4 s): loaded by the first search, not at start
+        # numpy and the note parser: loaded by the first search, not at start (chromadb and the
+        # embedder come with the index, in its thread)
         from crucible.kiln import search
 
         def ranked() -> RankedResults:
             background = self._indexer()
+            with background.words_only() as words:
+                if words is not None:  # never indexed, the vector store still opening: by words now
+                    hits = self._redacted(search.words_search(words, query, limit))
+                    return RankedResults(results=hits, index=IndexShare(embedded=0.0, notes=len(words)))
             index = background.open_index()
             share = self._share(index)
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.

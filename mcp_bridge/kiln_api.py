@@ -191,7 +191,8 @@ class KilnBackend(Protocol):
         ...
 
     def index_ready(self) -> bool:
-        """True once the search index is open: searches then answer without loading anything."""
+        """True once a search need not wait for the index to open: it is open, or the kiln has
+        no vectors yet and searches answer by words (reading them first: seconds at most)."""
         ...
 
     def open_index(self, progress: ProgressFn) -> None:

@@ -27,13 +27,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
+from crucible.kiln.lexical import LexicalIndex, LexicalView, load_lexical
+from crucible.kiln.paths import STORE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,9 @@ DEFAULT_MODE: BuildMode = "process"
 MODE_ENV = "CRUCIBLE_INDEX_MODE"
 # The worker's CPU priority: the agent and the session's own calls come first.
 WORKER_NICE = 10
+# How long the opening waits, once the lexical index is read, for the searches that wait for it
+# to answer before it imports the vector store (they take milliseconds).
+WORDS_FIRST = 2.0
 # State changes heard at most this often while embedding (the first and last always).
 NOTIFY_EVERY = 0.5
 
@@ -93,6 +99,13 @@ class BackgroundIndex:
         self._notified = 0.0
         self._late: threading.Timer | None = None  # sends a change the throttle held back
         self._send_lock = threading.Lock()
+        # The lexical index, read before the vector store opens (chromadb and the embedder take
+        # a second or more to import): a kiln with no vectors yet is searched by words at once.
+        self._lexical: LexicalIndex | None = None
+        self._lex_lock = threading.RLock()  # shared with the KilnIndex once open
+        self._lexical_read = threading.Event()  # read, or the opening failed first
+        self._words_searching = 0  # searches answering by words before the index opens
+        self._words_done = threading.Condition()
 
     # -- for the owner -----------------------------------------------------------------------
 
@@ -112,6 +125,34 @@ class BackgroundIndex:
         if self._error is not None:
             raise self._error
         return self._index
+
+    def answers_by_words(self) -> bool:
+        """Whether a search now answers by words alone without waiting for the index to open:
+        it is still opening (or not started), on a kiln with no vectors yet. Never waits."""
+        return not (self._opened.is_set() or self.config.index.url or (self.root / STORE_DIR).is_dir())
+
+    @contextmanager
+    def words_only(self) -> Iterator[LexicalView | None]:
+        """While the index opens on a kiln that has no vectors yet (never indexed with the
+        built-in store): its lexical index, to answer by words without waiting for the vector
+        store (waits for the lexical index itself: seconds on 10,000 notes). None otherwise:
+        search the open index (`open_index`). The opening goes on to import the vector store
+        only when the searches inside this block are done (or after WORDS_FIRST seconds): that
+        import would take half of the GIL from them."""
+        if not self.answers_by_words():
+            yield None
+            return
+        with self._words_done:
+            self._words_searching += 1
+        try:
+            self.start()
+            self._lexical_read.wait()
+            lexical = self._lexical
+            yield None if lexical is None or self._opened.is_set() else LexicalView(self.root, lexical, self._lex_lock)
+        finally:
+            with self._words_done:
+                self._words_searching -= 1
+                self._words_done.notify_all()
 
     def query_embedder_ready(self) -> bool:
         """Whether a query is embedded now, without loading a model first. Never waits."""
@@ -216,11 +257,16 @@ class BackgroundIndex:
     def _run(self) -> None:
         try:
             self._set(phase="opening", force=True)
+            # Words first: a kiln never indexed is searchable from here on (see words_only)
+            lexical, changed = load_lexical(self.root, self.config.index.collection)
+            self._lexical = lexical
+            self._lexical_read.set()
+            with self._words_done:  # the searches that waited for the words go first
+                self._words_done.wait_for(lambda: self._words_searching == 0, timeout=WORDS_FIRST)
             # chromadb (~1 s): in this thread, not at start
             from crucible.kiln.index import KilnIndex
 
-            index = KilnIndex.open(self.root, self.config)
-            index.lexical()  # read from the files: searchable from here on
+            index = KilnIndex.open(self.root, self.config, lexical=(lexical, changed, self._lex_lock))
             self._index = index
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
@@ -242,6 +288,7 @@ class BackgroundIndex:
             self._fail(CrucibleError(f"the kiln's index failed ({type(exc).__name__}: {exc})",
                                      "cru kiln index"))
         finally:
+            self._lexical_read.set()
             self._opened.set()
 
     def _load_query_embedder(self, embedder: Any) -> None:

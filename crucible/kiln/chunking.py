@@ -9,9 +9,13 @@ which is how a person searches who does not remember the note's words.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from crucible.kiln.atomic import content_hash
 from crucible.kiln.notes import Note, code_block_lines
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -180,3 +184,16 @@ def _about_line(note: Note) -> int:
             if line.startswith(f"{key}:"):
                 return i
     return 0
+
+
+@dataclass
+class StoredChunk:
+    """A chunk as the vector store holds it (or as search rebuilds it from the note on disk)."""
+
+    path: str
+    ordinal: int
+    heading: str | None
+    line: int  # 1-based line of the note where the chunk's content starts
+    title: str
+    text: str  # as embedded: "Title > Heading" line, blank line, content
+    embedding: np.ndarray | None = None

@@ -36,7 +36,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
-from crucible.kiln.lexical import LexicalIndex
+from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
 from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown
 from crucible.kiln.store import (
@@ -277,13 +277,20 @@ class KilnIndex:
         self._queued: set[str] = set()  # changed while an update ran here: indexed after it
 
     @classmethod
-    def open(cls, root: Path, config: Config, *, rebuild: bool = False) -> KilnIndex:
+    def open(
+        cls, root: Path, config: Config, *, rebuild: bool = False,
+        lexical: tuple[LexicalIndex, bool, threading.RLock] | None = None,
+    ) -> KilnIndex:
         """Open (or create) the kiln's index. `rebuild=True` first throws the stored index
-        away — the way out of a damaged local store, which cannot even be opened."""
+        away — the way out of a damaged local store, which cannot even be opened. `lexical`:
+        the kiln's lexical index already loaded (`lexical.load_lexical`: the index, whether it
+        differs from what is saved) and the lock its other readers take."""
         root = Path(root).resolve()
         embedder = make_embedder(config.embedder)
         index = cls(root, config, ChromaStore.open(root, config, embedder, rebuild=rebuild))
         index._seen_generation = index.chroma.generation()
+        if lexical is not None:
+            index._lexical, index._lex_dirty, index._lex_lock = lexical
         return index
 
     @property
@@ -669,9 +676,8 @@ class KilnIndex:
         long with it: call under `_lex_lock` (the methods below do)."""
         with self._lex_lock:
             if self._lexical is None:
-                self._lexical = self._load_lexical() or LexicalIndex()
-                if self._lexical.refresh(self.root):
-                    self._lex_dirty = True  # saved by warm_lexical, an update or close
+                # saved by warm_lexical, an update or close when it changed
+                self._lexical, self._lex_dirty = load_lexical(self.root, self.name)
             return self._lexical
 
     def _refresh_lexical(self, paths: list[str] | None) -> None:
@@ -702,16 +708,6 @@ class KilnIndex:
         with self._lex_lock:
             return self.lexical().titles.get(path)
 
-    def _lex_file(self) -> Path:
-        return self.root / RESERVED_DIR / f"lexical-{self.name}.json"
-
-    def _load_lexical(self) -> LexicalIndex | None:
-        try:
-            data = json.loads(self._lex_file().read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return LexicalIndex.from_json(data)
-
     def save_lexical(self) -> None:
         with self._lex_lock:
             if not self._lex_dirty or self._lexical is None:
@@ -719,8 +715,8 @@ class KilnIndex:
             data = json.dumps(self._lexical.to_json())
             self._lex_dirty = False
         try:
-            self._lex_file().parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self._lex_file(), data)
+            lexical_file(self.root, self.name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(lexical_file(self.root, self.name), data)
         except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
             log.warning("could not save the lexical index: %s", exc.strerror or exc)
 

@@ -21,21 +21,25 @@ each file's (mtime, size), so a new process re-reads only the notes that changed
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import posixpath
 import re
+import stat
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import snowballstemmer
 
 from crucible.errors import CrucibleError
 from crucible.kiln.notes import MAX_NOTE_BYTES, NoteReadError, decode_note_bytes, split_frontmatter
-from crucible.kiln.paths import iter_markdown, resolve_in_kiln
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown, resolve_in_kiln
 
 TITLE_WEIGHT = 3
 HEADING_WEIGHT = 2
@@ -97,6 +101,7 @@ def term_counts(texts: Iterable[str]) -> tuple[dict[str, int], int]:
 
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_MARKUP_START = frozenset(" #`~")  # how a heading or a fence line can start
 _FM_ABOUT = re.compile(
     r"""^(?:description|summary):[ \t]*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([^#\n]*?))[ \t]*(?:#.*)?$""",
     re.MULTILINE)
@@ -142,6 +147,9 @@ def note_fields(text: str, rel: str) -> NoteFields:
     prose: list[str] = []
     fence: str | None = None
     for line in body.split("\n"):
+        if line[:1] not in _MARKUP_START:  # most lines: neither a fence nor a heading
+            prose.append(line)
+            continue
         f = _FENCE.match(line)
         if f:
             marker = f.group(1)
@@ -158,23 +166,35 @@ def note_fields(text: str, rel: str) -> NoteFields:
                 title = h.group(2).strip()
             continue
         prose.append(line)
-    pure = PurePosixPath(rel)
-    stem = pure.stem
+    *folders, name = rel.split("/")  # a listing's kiln-relative path (PurePosixPath: 10x slower)
+    stem = posixpath.splitext(name)[0]
     return NoteFields(
-        title=title or stem, headings=headings, folders=list(pure.parent.parts), stem=stem,
+        title=title or stem, headings=headings, folders=folders, stem=stem,
         about=" ".join(about), body="\n".join(prose),
     )
 
 
-def field_tokens(fields: NoteFields) -> list[str]:
-    """The note's terms, each field's counted by its weight."""
-    title = tokenize(fields.title)
-    in_title = set(title)
-    headings = [t for h in fields.headings if h.strip() != fields.title for t in tokenize(h)]
-    path = [t for f in fields.folders for t in tokenize(f)]
-    path += [t for t in tokenize(fields.stem) if t not in in_title]
-    return (title * TITLE_WEIGHT + headings * HEADING_WEIGHT + path * PATH_WEIGHT
-            + tokenize(fields.about) * ABOUT_WEIGHT + tokenize(fields.body))
+def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
+    """The note's terms (`tokenize`'s) with their counts, each field's counted by its weight,
+    and their total. Words are counted before they are stemmed, so each distinct word of the
+    note is stemmed once (the first build of a large kiln is mostly this)."""
+    words: Counter[str] = Counter(_WORD.findall(fields.body.lower()))
+    weighted = [(fields.title, TITLE_WEIGHT), (fields.about, ABOUT_WEIGHT)]
+    weighted += [(h, HEADING_WEIGHT) for h in fields.headings if h.strip() != fields.title]
+    weighted += [(f, PATH_WEIGHT) for f in fields.folders]
+    for text, weight in weighted:
+        for word in _WORD.findall(text.lower()):
+            words[word] += weight
+    in_title = set(tokenize(fields.title))
+    counts: dict[str, int] = {}
+    for word in _WORD.findall(fields.stem.lower()):  # the file name, unless it is the title
+        if word not in _STOPWORDS and (term := _stem(word)) not in in_title:
+            counts[term] = counts.get(term, 0) + PATH_WEIGHT
+    for word, n in words.items():
+        if word not in _STOPWORDS:
+            term = _stem(word)
+            counts[term] = counts.get(term, 0) + n
+    return counts, sum(counts.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +302,7 @@ class LexicalIndex:
         fields = note_fields(text, path)
         self.titles[path] = fields.title
         self.stamps[path] = stamp
-        self.bm25.add(path, field_tokens(fields))
+        self.bm25.add_counts(path, *field_counts(fields))
 
     def drop_note(self, path: str) -> None:
         self.titles.pop(path, None)
@@ -296,20 +316,23 @@ class LexicalIndex:
         """Re-read the notes whose file changed since they were read (all of the kiln's, or
         just `paths`), add new ones, drop those gone or unreadable. Returns the paths changed."""
         changed: list[str] = []
+        base = str(root)
         listing = list(iter_markdown(root)) if paths is None else list(paths)
         present: set[str] = set()
         for rel in listing:
             try:
                 # Paths from a listing are safe; others (a watcher's) are checked like any tool's.
-                path = root / rel if paths is None else resolve_in_kiln(root, rel, must_exist=True)
-                st = path.stat()
+                # Strings, not Paths, for the listing's: pathlib was a fifth of a first build.
+                path = f"{base}/{rel}" if paths is None else str(resolve_in_kiln(root, rel, must_exist=True))
+                st = os.stat(path)
                 stamp = (st.st_mtime_ns, st.st_size)
                 if self.stamps.get(rel) == stamp:
                     present.add(rel)
                     continue
-                if st.st_size > MAX_NOTE_BYTES or not path.is_file():
+                if st.st_size > MAX_NOTE_BYTES or not stat.S_ISREG(st.st_mode):
                     raise NoteReadError(f"{rel}: not a readable note")
-                text = decode_note_bytes(path.read_bytes(), rel)
+                with open(path, "rb") as f:
+                    text = decode_note_bytes(f.read(), rel)
             except (OSError, CrucibleError):
                 if rel in self.titles:
                     self.drop_note(rel)
@@ -348,3 +371,46 @@ class LexicalIndex:
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return lex
+
+
+def lexical_file(root: Path, collection: str) -> Path:
+    """Where a kiln's lexical index is saved (one per index collection, like the vectors)."""
+    return root / RESERVED_DIR / f"lexical-{collection}.json"
+
+
+def load_lexical(root: Path, collection: str) -> tuple[LexicalIndex, bool]:
+    """The kiln's lexical index: the saved one brought up to date with the files, else built
+    from them; and whether it differs from what is saved."""
+    try:
+        data = json.loads(lexical_file(root, collection).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    lex = LexicalIndex.from_json(data) or LexicalIndex()
+    return lex, bool(lex.refresh(root))
+
+
+class LexicalView:
+    """Search by words alone, before the index (and its vector store) is open: the methods of
+    `index.KilnIndex` that search needs without vectors, over a lexical index that its owner
+    changes only under `lock`."""
+
+    def __init__(self, root: Path, lexical: LexicalIndex, lock: threading.RLock) -> None:
+        self.root = root
+        self._lexical = lexical
+        self._lock = lock
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._lexical)
+
+    def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
+        with self._lock:
+            return self._lexical.search(query, limit)
+
+    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+        with self._lock:
+            return {t: self._lexical.bm25.idf(t) for t in terms}
+
+    def note_title(self, path: str) -> str | None:
+        with self._lock:
+            return self._lexical.titles.get(path)

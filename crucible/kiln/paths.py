@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 from crucible.errors import CrucibleError
 
 RESERVED_DIR = ".crucible"
+# The built-in vector store of a kiln (a Chroma server, `[index] url`, keeps it elsewhere).
+STORE_DIR = f"{RESERVED_DIR}/chroma"
 # Folders no tool may read or write, wherever they are: a repository's .git (its config can
 # hold credentials in remote URLs; hooks run code) and Obsidian's settings and workspace.
 PROTECTED_DIRS = frozenset({".git", ".obsidian"})
@@ -222,7 +224,8 @@ def to_rel(root: Path, path: Path) -> str:
 def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
     """Yield kiln-relative paths under `start` (unsorted). Symlinked folders are not followed
     (no loops, no duplicates); a symlinked file counts only if it resolves inside the kiln."""
-    stack = [start]
+    prefix = str(root).rstrip("/") + "/"  # entries' paths start with it (strings: pathlib was slow)
+    stack: list[str | Path] = [start]
     while stack:
         folder = stack.pop()
         try:
@@ -235,7 +238,7 @@ def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
                 continue  # dot-files too: atomic-write temp files start with "."
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
+                    stack.append(entry.path)
                     continue
                 if want_md and not name.lower().endswith(".md"):
                     continue
@@ -250,7 +253,7 @@ def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
                     continue
             except OSError:
                 continue
-            yield Path(entry.path).relative_to(root).as_posix()
+            yield entry.path[len(prefix):]
 
 
 def iter_markdown(root: Path, folder: str = "") -> Iterator[str]:

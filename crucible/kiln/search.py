@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from crucible.errors import CrucibleError
-from crucible.kiln.chunking import chunk_note
+from crucible.kiln.chunking import StoredChunk, chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
-from crucible.kiln.index import KilnIndex
 from crucible.kiln.lexical import tokenize
 from crucible.kiln.notes import read_note
-from crucible.kiln.store import StoredChunk
 from mcp_bridge.kiln_api import SearchHit
+
+if TYPE_CHECKING:  # this module is imported before chromadb is: a search by words needs none
+    from crucible.kiln.index import KilnIndex
 
 SearchMode = Literal["hybrid", "semantic", "text", "property"]
 # The default for `cru kiln search` and the agents' `semantic_search` tool: see bench/search.py.
@@ -150,7 +152,18 @@ def _best_chunks(
     return out
 
 
-def _lexical_best_chunk(index: KilnIndex, path: str, query: str) -> StoredChunk | None:
+class Words(Protocol):
+    """What a search by words reads: an open `KilnIndex`, or a `lexical.LexicalView` while the
+    index opens."""
+
+    root: Path
+
+    def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]: ...
+    def idf(self, terms: Iterable[str]) -> dict[str, float]: ...
+    def note_title(self, path: str) -> str | None: ...
+
+
+def _lexical_best_chunk(index: Words, path: str, query: str) -> StoredChunk | None:
     """The chunk of the note on disk with the most weight of the query's words (its first if
     none): for a note found by its words alone, perhaps not embedded yet."""
     try:
@@ -199,9 +212,26 @@ def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[Searc
 # Hybrid
 
 
-def lexical_ranking(index: KilnIndex, query: str, depth: int) -> list[tuple[str, float]]:
+def lexical_ranking(index: Words, query: str, depth: int) -> list[tuple[str, float]]:
     """Notes by BM25 over their words (plain lexical baseline)."""
     return index.lexical_search(query, depth)
+
+
+def words_search(words: Words, query: str, limit: int = 10) -> list[SearchHit]:
+    """Notes by words alone: what `hybrid_search` answers with no vectors to use (the same
+    scores and snippets), without the vector store."""
+    check_query(query, limit)
+    lexical = lexical_ranking(words, query, max(FUSION_DEPTH, limit))
+    top = fuse([], lexical, not_embedded={p for p, _ in lexical})[:limit]
+    results = []
+    for path, score in top:
+        chunk = _lexical_best_chunk(words, path, query)
+        if chunk is None:  # a note deleted or unreadable since it was read
+            results.append(SearchHit(path=path, title=words.note_title(path) or _stem(path),
+                                     score=round(score, 4), heading=None, snippet=""))
+        else:
+            results.append(_from_chunk(chunk, score, query))
+    return results
 
 
 def fuse(
@@ -234,17 +264,18 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: 
     `by_meaning=False`: by words alone (the caller will not wait for the query embedder)."""
     check_query(query, limit)
     depth = max(FUSION_DEPTH, limit)
-    lexical = lexical_ranking(index, query, depth)
     ranked: list[tuple[Dense, float]] = []
-    vector = np.zeros(0, dtype=np.float32)
     # Lexical first: with no vectors yet (or vectors of another embedder, rebuilt in the
     # background), the words alone answer; what is embedded joins as it comes.
     if by_meaning and not index.needs_rebuild and index.count_notes() > 0:
         vector = index.embed_query(query)
         ranked = dense_ranking(index, vector, depth)
-    embedded = index.embedded_paths() if ranked else frozenset()
+    if not ranked:
+        return words_search(index, query, limit)
+    lexical = lexical_ranking(index, query, depth)
+    embedded = index.embedded_paths()
     top = fuse([(d.path, score) for d, score in ranked], lexical,
-               not_embedded={p for p, _ in lexical if p not in embedded} if ranked else {p for p, _ in lexical})
+               not_embedded={p for p, _ in lexical if p not in embedded})
     dense = {d.path: d for d, _ in ranked}
     return _results(index, top[:limit], dense, vector, query)
 
@@ -267,5 +298,5 @@ def run_search(
 
 __all__ = [
     "DEFAULT_MODE", "SearchMode", "hybrid_search", "property_search", "run_search",
-    "semantic_search", "snippet", "text_search",
+    "semantic_search", "snippet", "text_search", "words_search",
 ]

@@ -32,12 +32,12 @@ from chromadb.config import Settings
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
+from crucible.kiln.chunking import StoredChunk
 from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder
-from crucible.kiln.paths import RESERVED_DIR
+from crucible.kiln.paths import STORE_DIR
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
 INDEX_FORMAT = 2  # 2: an 'about' chunk per note (chunking.note_about)
-STORE_DIR = f"{RESERVED_DIR}/chroma"
 REBUILD = "cru kiln index --rebuild"
 # Rows per Chroma read/write call (well under any server's max batch size).
 PAGE = 2000
@@ -97,17 +97,6 @@ class NoteEntry:
     chunks: int
     problems: str
     stamp: str = ""  # "mtime_ns:size" of the file when it was indexed ("" in older rows)
-
-
-@dataclass
-class StoredChunk:
-    path: str
-    ordinal: int
-    heading: str | None
-    line: int  # 1-based line of the note where the chunk's content starts
-    title: str
-    text: str  # as embedded: "Title > Heading" line, blank line, content
-    embedding: np.ndarray | None = None
 
 
 @dataclass

@@ -24,7 +24,10 @@ from mcp.client.stdio import StdioServerParameters
 from crucible.config import Config
 from crucible.kiln.builder import BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
+from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.search import hybrid_search
+from crucible.kiln_mcp import CrucibleKilnBackend
+from mcp_bridge.kiln_api import IndexShare
 
 TOPICS = ["harbour", "glacier", "violin", "compiler", "orchard", "falcon", "lantern", "quarry"]
 
@@ -56,6 +59,40 @@ def counting(index: KilnIndex) -> CountingEmbedder:
     embedder = CountingEmbedder(index.embedder)
     index.embedder = embedder  # type: ignore[assignment]
     return embedder
+
+
+def test_a_kiln_never_indexed_answers_by_words_before_its_vector_store_opens(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first search on a kiln with no vectors does not wait for the vector store and the
+    embedder to load (a second or more, on top of reading the notes): it answers by words from
+    the lexical index alone, exactly as the open index would."""
+    gate = threading.Event()
+    real_open = KilnIndex.open
+
+    def held_open(*args: Any, **kwargs: Any) -> KilnIndex:
+        assert gate.wait(60)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(KilnIndex, "open", held_open)
+    monkeypatch.setenv("CRUCIBLE_INDEX_MODE", "thread")
+    backend = CrucibleKilnBackend(tiny_kiln, Config())
+    try:
+        backend.start_indexing()
+        assert backend.index_ready()  # the first search need not wait for the store
+        early = backend.semantic_search("chili flakes", 3)
+        assert not (tiny_kiln / STORE_DIR).exists()  # answered while the store was held closed
+        assert early.index == IndexShare(embedded=0.0, notes=3)
+        hit = early.results[0]
+        assert (hit.path, hit.heading, hit.line) == ("Cooking/Pasta.md", "Pasta night > Sauce", 11)
+        gate.set()
+        backend.open_index(lambda *_: None)
+        assert backend._index is not None and (tiny_kiln / STORE_DIR).is_dir()
+        later = hybrid_search(backend._index, "chili flakes", 3, by_meaning=False)
+        assert [h.model_dump() for h in early.results] == [h.model_dump() for h in later]
+    finally:
+        gate.set()
+        backend.close()
 
 
 def test_a_partial_index_answers_by_words_and_says_how_far_it_is(tiny_kiln: Path) -> None:
@@ -265,9 +302,17 @@ async def test_cru_mcp_answers_at_once_from_words_with_the_embedded_share(
         as_json, line = _texts(r)
         assert json.loads(as_json) == sc
         assert line.startswith("Index: 0% of the kiln's 33 notes are embedded so far")
-        r = await c.call_tool("get_kiln_stats", {})
-        assert r.structured_content is not None
-        assert r.structured_content["index"]["phase"] == "embedding"
+        # The answer came from the words while the vector store opened: then the build runs
+        # (nothing is ever embedded here, so it stays at "embedding").
+        with trio.fail_after(60):
+            while True:
+                r = await c.call_tool("get_kiln_stats", {})
+                assert r.structured_content is not None
+                index = r.structured_content["index"]
+                if index["opened"]:
+                    break
+                await trio.sleep(0.1)
+        assert index["phase"] == "embedding" and index["embedded"] == 0.0
 
 
 async def test_a_session_and_cru_kiln_index_share_the_kiln(

@@ -10,11 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
+from crucible.kiln import lexical
 from crucible.kiln.index import KilnIndex
-from crucible.kiln.lexical import Bm25, LexicalIndex, field_tokens, note_fields, tokenize
+from crucible.kiln.lexical import (
+    Bm25,
+    LexicalIndex,
+    NoteFields,
+    field_counts,
+    note_fields,
+    tokenize,
+)
 from crucible.kiln.search import (
     hybrid_search,
     property_search,
@@ -167,13 +177,38 @@ def test_a_notes_terms_are_counted_by_field_weight() -> None:
     counted title x3, headings x2, path x2, description/aliases x2, body x1."""
     text = ("---\ndescription: Planting notes for spring\naliases: [veg plot]\n---\n"
             "# Garden Beds\n\nThe beds get compost.\n\n## Watering\n\nWater the beds at dawn; beds dry fast.\n")
-    tokens = field_tokens(note_fields(text, "Home/Garden Beds.md"))
-    counts = Counter(tokens)
+    counts, total = field_counts(note_fields(text, "Home/Garden Beds.md"))
+    assert total == sum(counts.values())
     assert counts["garden"] == 3 and counts["bed"] == 3 + 3  # title x3 + three in the body
     assert counts["water"] == 2 + 1  # the heading x2 + "Water" in the body
     assert counts["home"] == 2  # the folder; the file name is the title, not counted again
     assert counts["spring"] == 2 and counts["veg"] == 2 and counts["plot"] == 2
     assert counts["compost"] == 1 and "the" not in counts
+
+
+_WORDS = st.sampled_from(["Garden", "beds", "the", "a", "Watering", "watered", "café", "naïve", "12.04",
+                          "x_y", "don't", "IS", "notes", "note", "—", "!", "compost"])
+_TEXT = st.lists(_WORDS, max_size=12).map(" ".join)
+
+
+@given(title=_TEXT, headings=st.lists(_TEXT, max_size=4), folders=st.lists(_TEXT, max_size=3),
+       stem=_TEXT, about=_TEXT, body=st.lists(_TEXT, max_size=6).map("\n".join))
+@settings(max_examples=300, deadline=None)
+def test_field_counts_are_each_fields_terms_times_its_weight(
+    title: str, headings: list[str], folders: list[str], stem: str, about: str, body: str
+) -> None:
+    """field_counts counts words before stemming them (for speed): the same counts as
+    tokenizing each field and repeating its terms by the field's weight."""
+    fields = NoteFields(title=title, headings=headings, folders=folders, stem=stem, about=about, body=body)
+    in_title = set(tokenize(title))
+    expected = Counter(
+        tokenize(title) * lexical.TITLE_WEIGHT
+        + [t for h in headings if h.strip() != title for t in tokenize(h)] * lexical.HEADING_WEIGHT
+        + [t for f in folders for t in tokenize(f)] * lexical.PATH_WEIGHT
+        + [t for t in tokenize(stem) if t not in in_title] * lexical.PATH_WEIGHT
+        + tokenize(about) * lexical.ABOUT_WEIGHT + tokenize(body))
+    counts, total = field_counts(fields)
+    assert counts == dict(expected) and total == sum(expected.values())
 
 
 def test_snippet_centres_on_the_query() -> None:
