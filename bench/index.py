@@ -10,6 +10,8 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
         # latency, the build's progress, the peak RSS of cru mcp (and its worker)
     $V/python bench/index.py --first-answer [--notes 10000]
         # time from spawning `cru mcp` on a kiln never indexed to its first semantic_search answer
+    $V/python bench/index.py --first-answer-against REF [--rounds 5] [--notes 10000]
+        # the same, this code against the code of git REF (e.g. HEAD~1), alternated, same run
     $V/python bench/index.py --first-answer-indexed 3
         # the same on the embedded sample kiln (the query model loads): graph built vs cached
     $V/python bench/index.py --command-models 2 [--notes 2000]
@@ -366,6 +368,69 @@ def first_answer(base: Path, notes: int) -> None:
               f"(goal <= 5 s); index {r['first_index']}", flush=True)
 
 
+FIRST_ANSWER = "import sys; from crucible.cli import main; sys.argv[0] = 'cru'; sys.exit(main())"
+
+
+def _builders_running() -> bool:
+    """Whether an index worker (`python -m crucible.kiln.builder`) of an earlier run is alive."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if b"crucible.kiln.builder" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def first_answer_against(base: Path, notes: int, ref: str, rounds: int) -> None:
+    """`cru mcp` (this code, and the code of git `ref`) on a kiln never indexed: time from
+    spawning it to its first semantic_search answer, alternated, same run."""
+    import statistics
+
+    import trio
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    src = base / f"generated-{notes}"
+    if not src.is_dir():
+        generate_kiln(src, notes)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    code = {"this": REPO, ref: base / f"code-{commit}"}
+    if not code[ref].is_dir():
+        code[ref].mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "crucible", "acp_host", "mcp_bridge"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(code[ref])], input=archive, check=True)
+    kiln = base / "first-answer-against"
+
+    async def once(pythonpath: Path) -> float:
+        env = {**os.environ, "PYTHONPATH": str(pythonpath)}  # before the venv's editable install
+        params = StdioServerParameters(command=sys.executable, args=["-c", FIRST_ANSWER, "mcp", "--kiln", str(kiln)],
+                                       env=env, cwd=str(base))
+        started = time.perf_counter()
+        async with Client(params, mode="legacy") as c:
+            r = await c.call_tool("semantic_search", {"query": "lantern harbor", "limit": 5})
+            took = time.perf_counter() - started
+            assert (r.structured_content or {}).get("index", {}).get("notes") == notes, r
+        return took
+
+    times: dict[str, list[float]] = {name: [] for name in code}
+    for _ in range(rounds):
+        for name, path in code.items():
+            waited = time.monotonic()  # the last run's worker may outlive its cru mcp briefly
+            while _builders_running() and time.monotonic() - waited < 15:
+                time.sleep(0.2)
+            shutil.rmtree(kiln, ignore_errors=True)
+            shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+            times[name].append(trio.run(once, path))
+    print(f"first answer on {notes} notes never indexed, from spawning cru mcp (s; {rounds} rounds, alternated):")
+    for name, xs in times.items():
+        print(f"  {name:10s} median {statistics.median(xs):.2f}  ({' '.join(f'{x:.2f}' for x in xs)})")
+    print(f"  this / {ref}: {statistics.median(times['this']) / statistics.median(times[ref]):.2f}x")
+
+
 def first_answer_indexed(rounds: int) -> None:
     """`cru mcp` on the sample kiln, fully embedded: its first semantic_search loads the query
     model. The embedder's graph built in that process (an empty cache) against read from
@@ -587,6 +652,8 @@ def main() -> int:
     ap.add_argument("--modes", action="store_true", help="cru mcp while its index builds: thread vs worker")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long --modes calls tools")
     ap.add_argument("--first-answer", action="store_true", help="cru mcp start -> first search answer")
+    ap.add_argument("--first-answer-against", metavar="REF", help="--first-answer, this code vs git REF")
+    ap.add_argument("--rounds", type=int, default=5, help="--first-answer-against: rounds")
     ap.add_argument("--first-answer-indexed", type=int, metavar="ROUNDS",
                     help="cru mcp on the embedded sample kiln -> first answer, graph built vs cached")
     ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
@@ -604,6 +671,11 @@ def main() -> int:
     args.notes = args.notes or 10_000
     if args.first_answer_indexed:
         first_answer_indexed(args.first_answer_indexed)
+        return 0
+    if args.first_answer_against:
+        base = cache_dir() / "sessions"
+        base.mkdir(parents=True, exist_ok=True)
+        first_answer_against(base, args.notes, args.first_answer_against, args.rounds)
         return 0
     if args.compare_old:
         base = cache_dir() / "sessions"
