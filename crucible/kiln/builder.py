@@ -199,6 +199,8 @@ class BackgroundIndex:
     def close(self, timeout: float = 2.0) -> None:
         """Stop building (what was written stays) and close the index, within `timeout`."""
         self._stop.set()
+        with self._words_done:  # the opening may be waiting for searches by words: go on
+            self._words_done.notify_all()
         worker = self._worker
         if worker is not None and worker.poll() is None:
             worker.terminate()
@@ -262,7 +264,11 @@ class BackgroundIndex:
             self._lexical = lexical
             self._lexical_read.set()
             with self._words_done:  # the searches that waited for the words go first
-                self._words_done.wait_for(lambda: self._words_searching == 0, timeout=WORDS_FIRST)
+                self._words_done.wait_for(lambda: self._words_searching == 0 or self._stop.is_set(),
+                                          timeout=WORDS_FIRST)
+            if self._stop.is_set():  # closed before the store was opened: nothing to stop
+                self._set(phase="stopped", force=True)
+                return
             # chromadb (~1 s): in this thread, not at start
             from crucible.kiln.index import KilnIndex
 
