@@ -24,7 +24,7 @@ from crucible.kiln.notes import (
     parse_note,
     split_frontmatter,
 )
-from crucible.kiln.paths import RESERVED_DIR, iter_markdown
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown, reserved_dir
 from mcp_bridge.kiln_api import LineMatch, SearchHit
 
 SNIPPET_CHARS = 300
@@ -165,7 +165,7 @@ class _PropertyStore:
             rel: [p.stamp[0], p.stamp[1], p.title, p.frontmatter, p.tags] for rel, p in self.entries.items()
         }}
         try:
-            (self.root / RESERVED_DIR).mkdir(exist_ok=True)
+            reserved_dir(self.root)
             atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False))
             self.dirty = False
         except OSError:

@@ -38,7 +38,7 @@ from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
 from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
-from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown
+from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown, reserved_dir
 from crucible.kiln.store import (
     REBUILD,
     STORE_DIR,
@@ -143,7 +143,7 @@ class WriterLock:
         """Take the lock. Held by another process: without `wait`, an IndexUnusableError;
         with it, poll every half second, calling `wait(status)`, until free or it says stop."""
         lock_path = self.root / LOCK_FILE
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        reserved_dir(self.root)
         handle: IO[str] = open(lock_path, "a+")  # noqa: SIM115 - held until release()
         while True:
             try:
@@ -715,7 +715,7 @@ class KilnIndex:
             data = json.dumps(self._lexical.to_json())
             self._lex_dirty = False
         try:
-            lexical_file(self.root, self.name).parent.mkdir(parents=True, exist_ok=True)
+            reserved_dir(self.root)
             atomic_write_text(lexical_file(self.root, self.name), data)
         except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
             log.warning("could not save the lexical index: %s", exc.strerror or exc)

@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from crucible.errors import CrucibleError
+from crucible.private_files import private_dir
 
 RESERVED_DIR = ".crucible"
 # The built-in vector store of a kiln (a Chroma server, `[index] url`, keeps it elsewhere).
 STORE_DIR = f"{RESERVED_DIR}/chroma"
+
+
+def reserved_dir(root: Path) -> Path:
+    """The kiln's `.crucible` folder, created (or made) 0700: its index holds the notes' text
+    (chunks, words, properties), which a note in a private folder must not leak to other users."""
+    folder = root / RESERVED_DIR
+    return private_dir(folder, own_up_to=folder)
 # Folders no tool may read or write, wherever they are: a repository's .git (its config can
 # hold credentials in remote URLs; hooks run code) and Obsidian's settings and workspace.
 PROTECTED_DIRS = frozenset({".git", ".obsidian"})

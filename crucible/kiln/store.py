@@ -34,7 +34,7 @@ from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk
 from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder
-from crucible.kiln.paths import STORE_DIR
+from crucible.kiln.paths import STORE_DIR, reserved_dir
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
 INDEX_FORMAT = 2  # 2: an 'about' chunk per note (chunking.note_about)
@@ -451,6 +451,7 @@ def _http_client(url: str) -> Any:
 
 def _persistent_client(path: Path, root: Path) -> Any:
     with store_errors(root, STORE_DIR, "opening it"):
+        reserved_dir(root)
         return chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
 
 

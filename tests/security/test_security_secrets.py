@@ -213,3 +213,26 @@ def test_a_secret_streamed_in_pieces_is_masked_in_the_full_screen_chat(cru_bin: 
     finally:
         screen.close()
     assert CARD_SECRET.encode() not in bytes(screen.raw)
+
+
+def test_the_kilns_index_folder_is_private(cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    """The index holds the notes' text (chunks, words, properties): a note in a private folder
+    must not be readable through it, so `.crucible` is 0700, also when an older version left it open."""
+    root = tmp_path / "kiln"
+    (root / "Private").mkdir(parents=True)
+    (root / "Private" / "Diary.md").write_text("# Diary\n\nThe safe's code is 4521.\n")
+    (root / "Private").chmod(0o700)
+    reserved = root / ".crucible"
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):
+            done = subprocess.run([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                  capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == 0, done.stderr
+            assert _mode(reserved) == FOLDER_MODE
+            # why: the diary's words are in there
+            assert any(b"4521" in p.read_bytes() for p in reserved.rglob("*") if p.is_file())
+            reserved.chmod(0o755)  # as an older version left it
+            (root / "Private" / "Diary.md").write_text("# Diary\n\nThe safe's code is 4521. Changed.\n")
+    finally:
+        os.umask(old)
