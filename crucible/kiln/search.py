@@ -183,11 +183,10 @@ def _lexical_best_chunk(index: Words, path: str, query: str) -> StoredChunk | No
                        line=best.start_line + 1, title=note.title, text=best.text)
 
 
-def _results(
-    index: KilnIndex, ranked: list[tuple[str, float]], dense: dict[str, Dense], vector: np.ndarray,
-    query: str,
+def _hits(
+    index: Words, ranked: list[tuple[str, float]], best: dict[str, StoredChunk], query: str
 ) -> list[SearchHit]:
-    best = _best_chunks(index, [p for p, _ in ranked], dense, vector, query)
+    """The ranked notes as results, each with its `best` chunk as the snippet."""
     results = []
     for path, score in ranked:
         chunk = best.get(path)
@@ -197,6 +196,13 @@ def _results(
         else:
             results.append(_from_chunk(chunk, score, query))
     return results
+
+
+def _results(
+    index: KilnIndex, ranked: list[tuple[str, float]], dense: dict[str, Dense], vector: np.ndarray,
+    query: str,
+) -> list[SearchHit]:
+    return _hits(index, ranked, _best_chunks(index, [p for p, _ in ranked], dense, vector, query), query)
 
 
 def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchHit]:
@@ -223,15 +229,8 @@ def words_search(words: Words, query: str, limit: int = 10) -> list[SearchHit]:
     check_query(query, limit)
     lexical = lexical_ranking(words, query, max(FUSION_DEPTH, limit))
     top = fuse([], lexical, not_embedded={p for p, _ in lexical})[:limit]
-    results = []
-    for path, score in top:
-        chunk = _lexical_best_chunk(words, path, query)
-        if chunk is None:  # a note deleted or unreadable since it was read
-            results.append(SearchHit(path=path, title=words.note_title(path) or _stem(path),
-                                     score=round(score, 4), heading=None, snippet=""))
-        else:
-            results.append(_from_chunk(chunk, score, query))
-    return results
+    best = {p: c for p, _ in top if (c := _lexical_best_chunk(words, p, query)) is not None}
+    return _hits(words, top, best, query)
 
 
 def fuse(
