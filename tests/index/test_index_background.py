@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,34 @@ def test_a_kiln_never_indexed_answers_by_words_before_its_vector_store_opens(
     finally:
         gate.set()
         backend.close()
+
+
+def test_the_vector_store_loads_after_the_searches_by_words_that_waited_for_it(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing and opening the vector store holds the GIL for a second or more: the searches
+    by words that were waiting for the notes to be read answer first."""
+    opened_at: list[float] = []
+    real_open = KilnIndex.open
+
+    def recording_open(*args: Any, **kwargs: Any) -> KilnIndex:
+        opened_at.append(time.monotonic())
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(KilnIndex, "open", recording_open)
+    background = BackgroundIndex(tiny_kiln, Config(), mode="thread")
+    try:
+        with background.words_only() as words:
+            assert words is not None and len(words) == 3
+            time.sleep(0.5)  # a long search: the opening waits for it
+            assert not opened_at
+            answered = time.monotonic()
+        background.open_index()
+        assert opened_at and opened_at[0] >= answered
+        with background.words_only() as words:  # open now: search the index itself
+            assert words is None
+    finally:
+        background.close()
 
 
 def test_a_partial_index_answers_by_words_and_says_how_far_it_is(tiny_kiln: Path) -> None:
