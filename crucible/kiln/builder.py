@@ -260,12 +260,14 @@ class BackgroundIndex:
         try:
             self._set(phase="opening", force=True)
             # Words first: a kiln never indexed is searchable from here on (see words_only)
-            lexical, changed = load_lexical(self.root, self.config.index.collection)
+            lexical, changed = load_lexical(self.root, self.config.index.collection, deferred=True)
             self._lexical = lexical
             self._lexical_read.set()
             with self._words_done:  # the searches that waited for the words go first
                 self._words_done.wait_for(lambda: self._words_searching == 0 or self._stop.is_set(),
                                           timeout=WORDS_FIRST)
+            with self._lex_lock:  # then the inverted index, so later searches need not scan
+                lexical.bm25.post()
             if self._stop.is_set():  # closed before the store was opened: nothing to stop
                 self._set(phase="stopped", force=True)
                 return

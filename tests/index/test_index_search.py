@@ -211,6 +211,39 @@ def test_field_counts_are_each_fields_terms_times_its_weight(
     assert counts == dict(expected) and total == sum(expected.values())
 
 
+_TERMS = st.sampled_from(["garden", "bed", "water", "compost", "seed", "frost", "lantern", "x"])
+_OPS = st.lists(st.tuples(st.sampled_from(["add", "add-deferred", "remove", "post"]),
+                          st.sampled_from(["a", "b", "c", "d", "e"]),
+                          st.dictionaries(_TERMS, st.integers(1, 5), max_size=5)), max_size=30)
+
+
+@given(ops=_OPS, query=st.lists(_TERMS, min_size=1, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_documents_added_deferred_are_found_and_scored_as_posted_ones(
+    ops: list[tuple[str, str, dict[str, int]]], query: list[str]
+) -> None:
+    """A first build leaves its documents out of the inverted index until `post()` (the first
+    search scans them instead): every search, idf and count is the same as with them posted."""
+    eager, deferred = Bm25(), Bm25()
+    for op, doc, counts in ops:
+        if op == "remove":
+            eager.remove(doc)
+            deferred.remove(doc)
+        elif op == "post":
+            deferred.post()
+        else:
+            length = sum(counts.values())
+            eager.add_counts(doc, dict(counts), length)
+            deferred.add_counts(doc, dict(counts), length, deferred=op == "add-deferred")
+        assert deferred.search(query, 5) == eager.search(query, 5)
+        assert [deferred.idf(t) for t in query] == [eager.idf(t) for t in query]
+    assert len(deferred) == len(eager)
+    assert {d: deferred.counts(d) for d in "abcde"} == {d: eager.counts(d) for d in "abcde"}
+    deferred.post()
+    assert deferred.search(query, 5) == eager.search(query, 5)
+    assert sorted(deferred.vocabulary()) == sorted(eager.vocabulary())
+
+
 def test_snippet_centres_on_the_query() -> None:
     text = "intro words " * 50 + "the important garlic sentence is here " + "tail " * 50
     s = snippet(text, "garlic")
