@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -229,15 +229,20 @@ def _tree_rss(root_pid: int) -> int:
     return total
 
 
-def _cru_mcp_pid(kiln: Path) -> int | None:
+def _commands() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process (from /proc)."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                yield int(entry), Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"mcp" in cmd and str(kiln).encode() in cmd and any(c.endswith(b"cru") for c in cmd[:2]):
-                return int(entry)
+
+
+def _cru_mcp_pid(kiln: Path) -> int | None:
+    for pid, cmd in _commands():
+        if b"mcp" in cmd and str(kiln).encode() in cmd and any(c.endswith(b"cru") for c in cmd[:2]):
+            return pid
     return None
 
 
@@ -373,14 +378,7 @@ FIRST_ANSWER = "import sys; from crucible.cli import main; sys.argv[0] = 'cru'; 
 
 def _builders_running() -> bool:
     """Whether an index worker (`python -m crucible.kiln.builder`) of an earlier run is alive."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if b"crucible.kiln.builder" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
-    return False
+    return any(b"crucible.kiln.builder" in cmd for _, cmd in _commands())
 
 
 def first_answer_against(base: Path, notes: int, ref: str, rounds: int) -> None:

@@ -701,8 +701,7 @@ class KilnIndex:
 
     def idf(self, terms: Iterable[str]) -> dict[str, float]:
         with self._lex_lock:
-            bm25 = self.lexical().bm25
-            return {t: bm25.idf(t) for t in terms}
+            return self.lexical().idf(terms)
 
     def note_title(self, path: str) -> str | None:
         with self._lex_lock:

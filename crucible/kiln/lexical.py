@@ -348,6 +348,9 @@ class LexicalIndex:
     def search(self, query: str, limit: int) -> list[tuple[str, float]]:
         return self.bm25.search(tokenize(query), limit)
 
+    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+        return {t: self.bm25.idf(t) for t in terms}
+
     def refresh(self, root: Path, paths: Iterable[str] | None = None, *, deferred: bool = False) -> list[str]:
         """Re-read the notes whose file changed since they were read (all of the kiln's, or
         just `paths`), add new ones, drop those gone or unreadable. Returns the paths changed.
@@ -447,7 +450,7 @@ class LexicalView:
 
     def idf(self, terms: Iterable[str]) -> dict[str, float]:
         with self._lock:
-            return {t: self._lexical.bm25.idf(t) for t in terms}
+            return self._lexical.idf(terms)
 
     def note_title(self, path: str) -> str | None:
         with self._lock:

@@ -19,12 +19,6 @@ RESERVED_DIR = ".crucible"
 # The built-in vector store of a kiln (a Chroma server, `[index] url`, keeps it elsewhere).
 STORE_DIR = f"{RESERVED_DIR}/chroma"
 
-
-def reserved_dir(root: Path) -> Path:
-    """The kiln's `.crucible` folder, created (or made) 0700: its index holds the notes' text
-    (chunks, words, properties), which a note in a private folder must not leak to other users."""
-    folder = root / RESERVED_DIR
-    return private_dir(folder, own_up_to=folder)
 # Folders no tool may read or write, wherever they are: a repository's .git (its config can
 # hold credentials in remote URLs; hooks run code) and Obsidian's settings and workspace.
 PROTECTED_DIRS = frozenset({".git", ".obsidian"})
@@ -33,6 +27,14 @@ MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 1024
 # Folders never listed: tool state, VCS, editor config, trash, dependencies (plus any dot-folder).
 SKIP_DIRS = frozenset({".crucible", ".git", ".obsidian", ".trash", "node_modules"})
+
+
+def reserved_dir(root: Path) -> Path:
+    """The kiln's `.crucible` folder, created (or made) 0700: its index holds the notes' text
+    (chunks, words, properties), which a note in a private folder must not leak to other users."""
+    folder = root / RESERVED_DIR
+    return private_dir(folder, own_up_to=folder)
+
 
 # "C:/x" or "C:\\x" (backslashes are already slashes when this is checked); "Q: notes.md" is a name.
 _DRIVE = re.compile(r"^[A-Za-z]:(?:/|$)")
