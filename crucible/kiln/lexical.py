@@ -10,7 +10,9 @@ simplest form, a field's words counted `weight` times):
 - the path (folder names, and the file name when it is not the title) x PATH_WEIGHT,
 - what the frontmatter says the note is about (`description` or `summary`, `aliases`)
   x ABOUT_WEIGHT, like a heading (the rest of the frontmatter is left to property_search),
-- the body x 1.
+- the body x 1,
+- what other notes say of it: the words around the wikilinks to it (up to ANCHOR_WORDS on
+  each side, and the link's shown text) x 1, as web search counts anchor text (`anchors`).
 
 The weights were chosen before looking at any query set: a title or a heading names what a
 whole note or section is about, so one of its words says more than one word of prose.
@@ -30,7 +32,7 @@ import stat
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,24 @@ from typing import Any
 import snowballstemmer
 
 from crucible.errors import CrucibleError
-from crucible.kiln.notes import MAX_NOTE_BYTES, NoteReadError, decode_note_bytes, split_frontmatter
+from crucible.kiln.anchors import LinkGraph, LinkTerms, link_key
+from crucible.kiln.notes import (
+    MAX_NOTE_BYTES,
+    NoteReadError,
+    decode_note_bytes,
+    link_scan,
+    split_frontmatter,
+    wikilinks,
+)
 from crucible.kiln.paths import RESERVED_DIR, iter_markdown, resolve_in_kiln
 
 TITLE_WEIGHT = 3
 HEADING_WEIGHT = 2
 PATH_WEIGHT = 2
 ABOUT_WEIGHT = 2
+# Words on each side of a link that describe its target: about a clause, the usual anchor
+# window (chosen before measuring; 5, 10, 20 and the whole line measured alike, bench/search.py).
+ANCHOR_WORDS = 10
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
@@ -120,6 +133,31 @@ class NoteFields:
     stem: str
     about: str  # description or summary, and aliases
     body: str  # the body without its heading lines
+    links: LinkTerms = field(default_factory=dict)  # the terms around its links, by target
+
+
+def _link_terms(line: str, links: LinkTerms) -> None:
+    """Add the wikilinks of a prose line to `links`: for each (embeds aside), the words of the
+    line around it (other links read as their shown text) and its own shown text. Linear in the
+    line, however many links it holds."""
+    scan = link_scan(line)
+    words: list[str] = []  # the line's words, each link's shown text in its place
+    spans: list[tuple[str, int, int]] = []  # each link's key, and where its shown text is in words
+    pos = 0
+    for m, link in wikilinks(scan):
+        words += _WORD.findall(scan[pos:m.start()].lower())
+        start = len(words)
+        words += _WORD.findall((link.alias or "").lower())
+        pos = m.end()
+        if not link.embed and (key := link_key(link.target)):
+            spans.append((key, start, len(words)))
+    words += _WORD.findall(scan[pos:].lower())
+    for key, start, end in spans:
+        terms = links.setdefault(key, {})
+        for word in words[max(0, start - ANCHOR_WORDS):end + ANCHOR_WORDS]:
+            if word not in _STOPWORDS:
+                term = _stem(word)
+                terms[term] = terms.get(term, 0) + 1
 
 
 def note_fields(text: str, rel: str) -> NoteFields:
@@ -145,10 +183,13 @@ def note_fields(text: str, rel: str) -> NoteFields:
             about.append(m.group(1) + " " + m.group(2))
     headings: list[str] = []
     prose: list[str] = []
+    links: LinkTerms = {}
     fence: str | None = None
     for line in body.split("\n"):
         if line[:1] not in _MARKUP_START:  # most lines: neither a fence nor a heading
             prose.append(line)
+            if fence is None and "[[" in line:
+                _link_terms(line, links)
             continue
         f = _FENCE.match(line)
         if f:
@@ -166,11 +207,13 @@ def note_fields(text: str, rel: str) -> NoteFields:
                 title = h.group(2).strip()
             continue
         prose.append(line)
+        if fence is None and "[[" in line:
+            _link_terms(line, links)
     *folders, name = rel.split("/")  # a listing's kiln-relative path (PurePosixPath: 10x slower)
     stem = posixpath.splitext(name)[0]
     return NoteFields(
         title=title or stem, headings=headings, folders=folders, stem=stem,
-        about=" ".join(about), body="\n".join(prose),
+        about=" ".join(about), body="\n".join(prose), links=links,
     )
 
 
@@ -324,26 +367,61 @@ class LexicalIndex:
     """BM25 over every readable note of a kiln, kept current by `refresh` (not thread-safe:
     the owner holds a lock)."""
 
-    FORMAT = 4  # 4: a folded or literal description is read
+    FORMAT = 5  # 5: the words around the links to a note count as its own
 
     def __init__(self) -> None:
         self.bm25 = Bm25()
         self.titles: dict[str, str] = {}
         self.stamps: dict[str, Stamp] = {}
+        self.graph = LinkGraph()
+        self._incoming: dict[str, dict[str, int]] = {}  # the link terms in each note's BM25 counts
 
     def __len__(self) -> int:
         return len(self.titles)
 
     def set_note(self, path: str, text: str, stamp: Stamp = (0, 0), *, deferred: bool = False) -> None:
+        """Read a note into the index; `resolve_links` then brings the terms of links up to date."""
         fields = note_fields(text, path)
+        if path not in self.titles:
+            self.graph.add_note(path)
         self.titles[path] = fields.title
         self.stamps[path] = stamp
         self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
+        self._incoming.pop(path, None)  # its counts are its own words now
+        self.graph.dirty.add(path)
+        self.graph.set_links(path, fields.links)
 
     def drop_note(self, path: str) -> None:
+        if path in self.titles:
+            self.graph.remove_note(path)
         self.titles.pop(path, None)
         self.stamps.pop(path, None)
+        self._incoming.pop(path, None)
         self.bm25.remove(path)
+
+    def resolve_links(self, *, deferred: bool = False) -> None:
+        """Give every note whose links in changed the terms of its links now (see `anchors`)."""
+        for path in self.graph.take_dirty():
+            if path not in self.titles:
+                continue
+            new = self.graph.incoming(path)
+            old = self._incoming.get(path, {})
+            if new == old:
+                continue
+            counts = self.bm25.counts(path)
+            for term, n in old.items():
+                if (left := counts.get(term, 0) - n) > 0:
+                    counts[term] = left
+                else:
+                    counts.pop(term, None)
+            for term, n in new.items():
+                counts[term] = counts.get(term, 0) + n
+            length = self.bm25.length(path) + sum(new.values()) - sum(old.values())
+            self.bm25.add_counts(path, counts, length, deferred=deferred)
+            if new:
+                self._incoming[path] = new
+            else:
+                self._incoming.pop(path, None)
 
     def search(self, query: str, limit: int) -> list[tuple[str, float]]:
         return self.bm25.search(tokenize(query), limit)
@@ -385,14 +463,18 @@ class LexicalIndex:
             for gone in set(self.titles) - present:
                 self.drop_note(gone)
                 changed.append(gone)
+        self.resolve_links(deferred=deferred)
         return changed
 
     def to_json(self) -> dict[str, Any]:
+        """Each note's stamp, title, BM25 length and counts (the terms of its links in them,
+        and apart), and its own links, so that a load needs no link resolved again."""
         return {
             "format": self.FORMAT,
             "notes": {
                 p: [self.stamps.get(p, (0, 0))[0], self.stamps.get(p, (0, 0))[1], t,
-                    self.bm25.length(p), self.bm25.counts(p)]
+                    self.bm25.length(p), self.bm25.counts(p), self._incoming.get(p, {}),
+                    self.graph.links.get(p, {})]
                 for p, t in self.titles.items()
             },
         }
@@ -403,13 +485,24 @@ class LexicalIndex:
         if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
             return None
         lex = cls()
+
+        def terms(counts: Any) -> dict[str, int]:
+            return {str(t): int(n) for t, n in counts.items()}
+
         try:
-            for path, (mtime, size, title, length, counts) in data["notes"].items():
-                lex.titles[str(path)] = str(title)
-                lex.stamps[str(path)] = (int(mtime), int(size))
-                lex.bm25.add_counts(str(path), {str(t): int(n) for t, n in counts.items()}, int(length))
+            for path, (mtime, size, title, length, counts, incoming, _) in data["notes"].items():
+                path = str(path)
+                lex.titles[path] = str(title)
+                lex.stamps[path] = (int(mtime), int(size))
+                lex.bm25.add_counts(path, terms(counts), int(length))
+                if incoming:
+                    lex._incoming[path] = terms(incoming)
+                lex.graph.add_note(path)
+            for path, (*_, links) in data["notes"].items():
+                lex.graph.set_links(str(path), {str(k): terms(v) for k, v in links.items()})
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+        lex.graph.take_dirty()  # saved resolved: nothing to do until a note changes
         return lex
 
 

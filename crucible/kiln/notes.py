@@ -328,6 +328,17 @@ def _parse_link(embed: str, inner: str) -> WikiLink:
     )
 
 
+def link_scan(line: str) -> str:
+    """A line as links and tags are read from it: inline code, URLs and HTML comments blanked."""
+    return _URL.sub(" ", _HTML_COMMENT.sub(" ", _blank_code(line)))
+
+
+def wikilinks(scan: str) -> Iterable[tuple[re.Match[str], WikiLink]]:
+    """The wikilinks of a `link_scan`ned line, with where each stands in it."""
+    for m in _WIKILINK.finditer(scan):
+        yield m, _parse_link(m.group(1), m.group(2))
+
+
 def frontmatter_tags(frontmatter: Mapping[str, Any]) -> list[str]:
     raw = frontmatter.get("tags", frontmatter.get("tag"))
     items: list[Any]
@@ -387,9 +398,8 @@ def parse_note(text: str, path: str) -> Note:
             scan = h[1]
         else:
             scan = line
-        scan = _URL.sub(" ", _HTML_COMMENT.sub(" ", _blank_code(scan)))
-        for m in _WIKILINK.finditer(scan):
-            links.append(_parse_link(m.group(1), m.group(2)))
+        scan = link_scan(scan)
+        links.extend(link for _, link in wikilinks(scan))
         inline_tags.extend(_tags_in(_WIKILINK.sub(" ", scan)))
 
     title = ""

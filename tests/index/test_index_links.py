@@ -1,0 +1,131 @@
+"""The words around a wikilink count for the note it points to (crucible/kiln/anchors.py): a
+note is found by what other notes say of it, kept right as notes change, are added, removed or
+renamed, and through a save and a load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crucible.kiln.lexical import ANCHOR_WORDS, LexicalIndex, note_fields
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _found(lex: LexicalIndex, query: str) -> list[str]:
+    return [p for p, _ in lex.search(query, 10)]
+
+
+def test_a_note_is_found_by_the_words_of_the_links_to_it(tmp_path: Path) -> None:
+    _write(tmp_path, "Guides/Basic Commands.md", "# Basic Commands\n\n`cru chat`, `cru kiln index`.\n")
+    _write(tmp_path, "Home.md", "# Home\n\n- [[Basic Commands]] - the handful of instructions typed daily\n")
+    _write(tmp_path, "Other.md", "# Other\n\nNothing about it here.\n")
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    assert set(_found(lex, "instructions typed daily")) == {"Guides/Basic Commands.md", "Home.md"}
+
+    # the link goes: so do its words from the target
+    _write(tmp_path, "Home.md", "# Home\n\nthe handful of instructions typed daily\n")
+    lex.refresh(tmp_path)
+    assert _found(lex, "instructions typed daily") == ["Home.md"]
+
+    # a link to a note that does not exist yet names it once it is created, and its shown text counts
+    _write(tmp_path, "Other.md", "# Other\n\nSee [[Later|the garden planner]] for sowing dates.\n")
+    lex.refresh(tmp_path)
+    assert _found(lex, "garden planner") == ["Other.md"]
+    _write(tmp_path, "Plans/Later.md", "# Later\n\nRows and dates.\n")
+    lex.refresh(tmp_path)
+    assert set(_found(lex, "garden planner")) == {"Other.md", "Plans/Later.md"}
+    # ... and no longer once it is gone
+    (tmp_path / "Plans/Later.md").unlink()
+    lex.refresh(tmp_path)
+    assert _found(lex, "garden planner") == ["Other.md"]
+
+
+def test_links_resolve_as_obsidian_resolves_them(tmp_path: Path) -> None:
+    notes = {
+        "A/Index.md": "# A index\n",
+        "B/Index.md": "# B index\n",
+        "Deep/Er/Index.md": "# Deep index\n",
+        "B/Note.md": "[[Index]] sibling words\n\n[[/Deep/Er/Index.md]] whole path words\n",
+        "C/Note.md": "[[Index]] elsewhere words\n\n[[er/index]] partial path words\n\n![[Index]] embedded words\n",
+        "Self.md": "[[Self]] mirror words\n\n```\n[[Index]] fenced words\n```\n\n`[[Index]]` inline code words\n",
+    }
+    for rel, text in notes.items():
+        _write(tmp_path, rel, text)
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    assert set(_found(lex, "sibling")) == {"B/Index.md", "B/Note.md"}  # the one in the linking note's folder
+    assert set(_found(lex, "elsewhere")) == {"A/Index.md", "C/Note.md"}  # else the shortest path
+    assert set(_found(lex, "whole")) == {"Deep/Er/Index.md", "B/Note.md"}  # a path from the root
+    assert set(_found(lex, "partial")) == {"Deep/Er/Index.md", "C/Note.md"}  # its end, any case
+    for word in ("embedded", "mirror", "fenced", "inline"):  # embeds, self-links, code: no link
+        assert len(_found(lex, word)) == 1, word
+    # an exact path wins over the folder and the length: a note at the root named like them
+    _write(tmp_path, "Index.md", "# Root index\n")
+    lex.refresh(tmp_path)
+    assert set(_found(lex, "sibling")) == {"Index.md", "B/Note.md"}
+    assert set(_found(lex, "elsewhere")) == {"Index.md", "C/Note.md"}
+
+
+def test_a_line_of_many_links_is_read_in_one_pass() -> None:
+    """A hostile note: 50,000 links on one line. Each target gets the words beside its own link
+    (at most ANCHOR_WORDS on each side), not the whole line."""
+    line = " ".join(f"w{i} [[t{i}]]" for i in range(50_000))
+    links = note_fields(line, "n.md").links
+    assert len(links) == 50_000
+    assert links["t25000"] == {f"w{i}": 1 for i in range(25_001 - ANCHOR_WORDS, 25_001 + ANCHOR_WORDS)}
+
+
+_NAMES = st.sampled_from(["a/x.md", "b/x.md", "x.md", "a/y.md", "b/c/y.md", "q/r/s/y.md", "z.md"])
+_LINKS = st.lists(st.tuples(st.sampled_from(["x", "y", "a/x", "c/y", "z", "b/c/y", "nowhere"]),
+                            st.sampled_from(["apple", "pear", "plum", "fig"])), max_size=4)
+_OPS = st.lists(st.tuples(st.booleans(), _NAMES, _LINKS), min_size=1, max_size=12)
+
+
+def _text(links: list[tuple[str, str]]) -> str:
+    return "# note\n\n" + "\n".join(f"- [[{target}]] {word}" for target, word in links) + "\n"
+
+
+@given(batches=st.lists(_OPS, min_size=1, max_size=4))
+@settings(max_examples=200, deadline=None)
+def test_changing_notes_one_at_a_time_gives_the_index_built_at_once(
+    batches: list[list[tuple[bool, str, list[tuple[str, str]]]]],
+) -> None:
+    """Whatever notes are written and removed, and in which order, the counts of every note are
+    those of an index read from the final notes at once, and a saved index loads the same."""
+    live = LexicalIndex()
+    final: dict[str, str] = {}
+    for ops in batches:
+        for write, rel, links in ops:
+            if write:
+                final[rel] = _text(links)
+                live.set_note(rel, final[rel])
+            else:
+                final.pop(rel, None)
+                live.drop_note(rel)
+        live.resolve_links()
+    at_once = LexicalIndex()
+    for rel, text in final.items():
+        at_once.set_note(rel, text)
+    at_once.resolve_links()
+
+    def state(lex: LexicalIndex) -> dict[str, tuple[int, dict[str, int]]]:
+        return {p: (lex.bm25.length(p), lex.bm25.counts(p)) for p in lex.titles}
+
+    assert state(live) == state(at_once)
+    loaded = LexicalIndex.from_json(json.loads(json.dumps(live.to_json())))
+    assert loaded is not None and state(loaded) == state(at_once)
+    for rel in final:  # and it goes on from there as the live one does
+        loaded.set_note(rel, _text([]))
+        at_once.set_note(rel, _text([]))
+    loaded.resolve_links()
+    at_once.resolve_links()
+    assert state(loaded) == state(at_once)
