@@ -10,8 +10,9 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
         # latency, the build's progress, the peak RSS of cru mcp (and its worker)
     $V/python bench/index.py --first-answer [--notes 10000]
         # time from spawning `cru mcp` on a kiln never indexed to its first semantic_search answer
-    $V/python bench/index.py --first-answer-against REF [--rounds 5] [--notes 10000]
-        # the same, this code against the code of git REF (e.g. HEAD~1), alternated, same run
+    $V/python bench/index.py --first-answer-against REF [--rounds 5] [--notes 10000] [--second-start]
+        # the same, this code against the code of git REF (e.g. HEAD~1), alternated, same run;
+        # --second-start: on a kiln each code indexed a little before (saved words, 32 notes embedded)
     $V/python bench/index.py --first-answer-indexed 3
         # the same on the embedded sample kiln (the query model loads): graph built vs cached
     $V/python bench/index.py --command-models 2 [--notes 2000]
@@ -381,9 +382,23 @@ def _builders_running() -> bool:
     return any(b"crucible.kiln.builder" in cmd for _, cmd in _commands())
 
 
-def first_answer_against(base: Path, notes: int, ref: str, rounds: int) -> None:
-    """`cru mcp` (this code, and the code of git `ref`) on a kiln never indexed: time from
-    spawning it to its first semantic_search answer, alternated, same run."""
+# A second start: the lexical index saved and a few notes embedded by the code under test.
+SECOND_START = """
+import sys
+from pathlib import Path
+from crucible.config import Config
+from crucible.kiln.index import KilnIndex
+kiln = Path(sys.argv[1])
+index = KilnIndex.open(kiln, Config())
+index.update_paths(sorted(p.relative_to(kiln).as_posix() for p in kiln.rglob("*.md"))[:32])
+index.close()
+"""
+
+
+def first_answer_against(base: Path, notes: int, ref: str, rounds: int, second_start: bool = False) -> None:
+    """`cru mcp` (this code, and the code of git `ref`) on a kiln never indexed (or, with
+    `second_start`, indexed by that code a little: see SECOND_START): time from spawning it to
+    its first semantic_search answer, alternated, same run."""
     import statistics
 
     import trio
@@ -422,8 +437,12 @@ def first_answer_against(base: Path, notes: int, ref: str, rounds: int) -> None:
                 time.sleep(0.2)
             shutil.rmtree(kiln, ignore_errors=True)
             shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
+            if second_start:
+                subprocess.run([sys.executable, "-c", SECOND_START, str(kiln)], check=True, cwd=str(base),
+                               env={**os.environ, "PYTHONPATH": str(path)})
             times[name].append(trio.run(once, path))
-    print(f"first answer on {notes} notes never indexed, from spawning cru mcp (s; {rounds} rounds, alternated):")
+    state = "on a second start (32 notes embedded)" if second_start else "never indexed"
+    print(f"first answer on {notes} notes {state}, from spawning cru mcp (s; {rounds} rounds, alternated):")
     for name, xs in times.items():
         print(f"  {name:10s} median {statistics.median(xs):.2f}  ({' '.join(f'{x:.2f}' for x in xs)})")
     print(f"  this / {ref}: {statistics.median(times['this']) / statistics.median(times[ref]):.2f}x")
@@ -652,6 +671,8 @@ def main() -> int:
     ap.add_argument("--first-answer", action="store_true", help="cru mcp start -> first search answer")
     ap.add_argument("--first-answer-against", metavar="REF", help="--first-answer, this code vs git REF")
     ap.add_argument("--rounds", type=int, default=5, help="--first-answer-against: rounds")
+    ap.add_argument("--second-start", action="store_true",
+                    help="--first-answer-against: on a kiln that code indexed a little before")
     ap.add_argument("--first-answer-indexed", type=int, metavar="ROUNDS",
                     help="cru mcp on the embedded sample kiln -> first answer, graph built vs cached")
     ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
@@ -673,7 +694,7 @@ def main() -> int:
     if args.first_answer_against:
         base = cache_dir() / "sessions"
         base.mkdir(parents=True, exist_ok=True)
-        first_answer_against(base, args.notes, args.first_answer_against, args.rounds)
+        first_answer_against(base, args.notes, args.first_answer_against, args.rounds, args.second_start)
         return 0
     if args.compare_old:
         base = cache_dir() / "sessions"

@@ -42,20 +42,26 @@ class LinkGraph:
         self.links: dict[str, LinkTerms] = {}  # by the linking note
         self._linkers: dict[str, set[str]] = {}  # key -> the notes with a link of that key
         self._named: dict[str, set[str]] = {}  # key -> the notes it can name
-        self._paths: dict[str, str] = {}  # a note's whole key -> its path
+        self._notes: set[str] = set()
+        self._paths: dict[str, str] = {}  # a note's whole key -> its path (one, if case differs)
         self._shortest: dict[str, str] = {}  # key -> the shortest path it names (a cache)
         self.dirty: set[str] = set()  # notes whose incoming terms may have changed
 
+    def has(self, path: str) -> bool:
+        return path in self._notes
+
     def add_note(self, path: str) -> None:
+        self._notes.add(path)
         for key in _names(path):
             named = self._named.setdefault(key, set())
             named.add(path)
             self._shortest.pop(key, None)
             if key in self._linkers:  # what those links name may change, among these notes
                 self.dirty |= named
-        self._paths[link_key(path)] = path
+        self._paths.setdefault(link_key(path), path)
 
     def remove_note(self, path: str) -> None:
+        self._notes.discard(path)
         self.set_links(path, {})
         for key in _names(path):
             named = self._named.get(key)

@@ -58,6 +58,9 @@ ABOUT_WEIGHT = 2
 # Words on each side of a link that describe its target: about a clause, the usual anchor
 # window (chosen before measuring; 5, 10, 20 and the whole line measured alike, bench/search.py).
 ANCHOR_WORDS = 10
+# Links of one note whose words count: past that a note is a list of links (an index), not
+# descriptions, and a hostile note of a million links must not cost a million entries.
+MAX_LINKS = 1000
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
@@ -133,31 +136,47 @@ class NoteFields:
     stem: str
     about: str  # description or summary, and aliases
     body: str  # the body without its heading lines
-    links: LinkTerms = field(default_factory=dict)  # the terms around its links, by target
+    link_lines: list[str] = field(default_factory=list)  # the prose lines with a wikilink
 
 
-def _link_terms(line: str, links: LinkTerms) -> None:
-    """Add the wikilinks of a prose line to `links`: for each (embeds aside), the words of the
-    line around it (other links read as their shown text) and its own shown text. Linear in the
-    line, however many links it holds."""
+def link_terms(lines: Iterable[str]) -> LinkTerms:
+    """The wikilinks of these prose lines (the first MAX_LINKS), by target, each with the terms
+    written around it."""
+    links: LinkTerms = {}
+    budget = MAX_LINKS
+    for line in lines:
+        budget -= _link_terms(line, links, budget)
+        if budget <= 0:
+            break
+    return links
+
+
+def _link_terms(line: str, links: LinkTerms, budget: int) -> int:
+    """Add the wikilinks of a line to `links` (at most `budget`; returns how many): for each
+    (embeds aside), the words of the line around it (other links read as their shown text) and
+    its own shown text. Linear in the line, however many links it holds."""
     scan = link_scan(line)
     words: list[str] = []  # the line's words, each link's shown text in its place
     spans: list[tuple[str, int, int]] = []  # each link's key, and where its shown text is in words
     pos = 0
     for m, link in wikilinks(scan):
+        if len(spans) == budget:
+            break
         words += _WORD.findall(scan[pos:m.start()].lower())
         start = len(words)
         words += _WORD.findall((link.alias or "").lower())
         pos = m.end()
         if not link.embed and (key := link_key(link.target)):
             spans.append((key, start, len(words)))
-    words += _WORD.findall(scan[pos:].lower())
+    after = scan.find("[[", pos)  # the words after the last link counted, up to the next one
+    words += _WORD.findall(scan[pos:after if after >= 0 else len(scan)].lower())
     for key, start, end in spans:
         terms = links.setdefault(key, {})
         for word in words[max(0, start - ANCHOR_WORDS):end + ANCHOR_WORDS]:
             if word not in _STOPWORDS:
                 term = _stem(word)
                 terms[term] = terms.get(term, 0) + 1
+    return len(spans)
 
 
 def note_fields(text: str, rel: str) -> NoteFields:
@@ -183,13 +202,13 @@ def note_fields(text: str, rel: str) -> NoteFields:
             about.append(m.group(1) + " " + m.group(2))
     headings: list[str] = []
     prose: list[str] = []
-    links: LinkTerms = {}
+    link_lines: list[str] = []
     fence: str | None = None
     for line in body.split("\n"):
         if line[:1] not in _MARKUP_START:  # most lines: neither a fence nor a heading
             prose.append(line)
             if fence is None and "[[" in line:
-                _link_terms(line, links)
+                link_lines.append(line)
             continue
         f = _FENCE.match(line)
         if f:
@@ -208,12 +227,12 @@ def note_fields(text: str, rel: str) -> NoteFields:
             continue
         prose.append(line)
         if fence is None and "[[" in line:
-            _link_terms(line, links)
+            link_lines.append(line)
     *folders, name = rel.split("/")  # a listing's kiln-relative path (PurePosixPath: 10x slower)
     stem = posixpath.splitext(name)[0]
     return NoteFields(
         title=title or stem, headings=headings, folders=folders, stem=stem,
-        about=" ".join(about), body="\n".join(prose), links=links,
+        about=" ".join(about), body="\n".join(prose), link_lines=link_lines,
     )
 
 
@@ -375,6 +394,12 @@ class LexicalIndex:
         self.stamps: dict[str, Stamp] = {}
         self.graph = LinkGraph()
         self._incoming: dict[str, dict[str, int]] = {}  # the link terms in each note's BM25 counts
+        # Notes read (their link lines) or dropped (None) since `resolve_links`: a first build
+        # answers its first searches before it spends the time resolving them.
+        self._unlinked: dict[str, list[str] | None] = {}
+        # The links as a load read them, put in the graph only when a note changes (a search
+        # needs no graph: the counts hold the terms of the links).
+        self._saved_links: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self.titles)
@@ -382,26 +407,46 @@ class LexicalIndex:
     def set_note(self, path: str, text: str, stamp: Stamp = (0, 0), *, deferred: bool = False) -> None:
         """Read a note into the index; `resolve_links` then brings the terms of links up to date."""
         fields = note_fields(text, path)
-        if path not in self.titles:
-            self.graph.add_note(path)
         self.titles[path] = fields.title
         self.stamps[path] = stamp
         self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
         self._incoming.pop(path, None)  # its counts are its own words now
-        self.graph.dirty.add(path)
-        self.graph.set_links(path, fields.links)
+        self._unlinked[path] = fields.link_lines
 
     def drop_note(self, path: str) -> None:
-        if path in self.titles:
-            self.graph.remove_note(path)
         self.titles.pop(path, None)
         self.stamps.pop(path, None)
         self._incoming.pop(path, None)
         self.bm25.remove(path)
+        self._unlinked[path] = None
 
     def resolve_links(self, *, deferred: bool = False) -> None:
-        """Give every note whose links in changed the terms of its links now (see `anchors`)."""
-        for path in self.graph.take_dirty():
+        """Bring the link graph up to date with the notes read and dropped since the last call,
+        and give each note whose links in changed the terms of its links (see `anchors`)."""
+        if not self._unlinked:
+            return
+        graph = self.graph
+        if self._saved_links:
+            for path in self._saved_links:
+                graph.add_note(path)
+            for path, links in self._saved_links.items():
+                try:
+                    graph.set_links(path, {str(k): {str(t): int(n) for t, n in v.items()} for k, v in links.items()})
+                except (AttributeError, TypeError, ValueError):  # not as this code saves them
+                    graph.set_links(path, {})
+            self._saved_links = {}
+            graph.take_dirty()  # saved resolved, with the counts: only the changes below count
+        for path, lines in self._unlinked.items():
+            if lines is None:
+                if graph.has(path):
+                    graph.remove_note(path)
+                continue
+            if not graph.has(path):
+                graph.add_note(path)
+            graph.dirty.add(path)  # its counts lost the terms of the links to it
+            graph.set_links(path, link_terms(lines))
+        self._unlinked = {}
+        for path in graph.take_dirty():
             if path not in self.titles:
                 continue
             new = self.graph.incoming(path)
@@ -432,7 +477,7 @@ class LexicalIndex:
     def refresh(self, root: Path, paths: Iterable[str] | None = None, *, deferred: bool = False) -> list[str]:
         """Re-read the notes whose file changed since they were read (all of the kiln's, or
         just `paths`), add new ones, drop those gone or unreadable. Returns the paths changed.
-        `deferred`: the notes read are searchable at once but posted by `bm25.post()` (see Bm25)."""
+        `deferred`: the notes read are searchable at once; their links and postings wait for `post()`."""
         changed: list[str] = []
         base = str(root)
         listing = list(iter_markdown(root)) if paths is None else list(paths)
@@ -463,18 +508,26 @@ class LexicalIndex:
             for gone in set(self.titles) - present:
                 self.drop_note(gone)
                 changed.append(gone)
-        self.resolve_links(deferred=deferred)
+        if not deferred:  # else at post()
+            self.resolve_links()
         return changed
+
+    def post(self) -> None:
+        """Finish a deferred refresh: resolve the links and post the counts (see Bm25)."""
+        self.resolve_links(deferred=True)
+        self.bm25.post()
 
     def to_json(self) -> dict[str, Any]:
         """Each note's stamp, title, BM25 length and counts (the terms of its links in them,
         and apart), and its own links, so that a load needs no link resolved again."""
+        self.resolve_links()  # what was read deferred and not posted yet
+        links = self._saved_links or self.graph.links
         return {
             "format": self.FORMAT,
             "notes": {
                 p: [self.stamps.get(p, (0, 0))[0], self.stamps.get(p, (0, 0))[1], t,
                     self.bm25.length(p), self.bm25.counts(p), self._incoming.get(p, {}),
-                    self.graph.links.get(p, {})]
+                    links.get(p, {})]
                 for p, t in self.titles.items()
             },
         }
@@ -490,19 +543,17 @@ class LexicalIndex:
             return {str(t): int(n) for t, n in counts.items()}
 
         try:
-            for path, (mtime, size, title, length, counts, incoming, _) in data["notes"].items():
+            for path, (mtime, size, title, length, counts, incoming, links) in data["notes"].items():
                 path = str(path)
                 lex.titles[path] = str(title)
                 lex.stamps[path] = (int(mtime), int(size))
                 lex.bm25.add_counts(path, terms(counts), int(length))
                 if incoming:
                     lex._incoming[path] = terms(incoming)
-                lex.graph.add_note(path)
-            for path, (*_, links) in data["notes"].items():
-                lex.graph.set_links(str(path), {str(k): terms(v) for k, v in links.items()})
+                if links:
+                    lex._saved_links[path] = links
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
-        lex.graph.take_dirty()  # saved resolved: nothing to do until a note changes
         return lex
 
 
@@ -514,7 +565,7 @@ def lexical_file(root: Path, collection: str) -> Path:
 def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tuple[LexicalIndex, bool]:
     """The kiln's lexical index: the saved one brought up to date with the files, else built
     from them; and whether it differs from what is saved. `deferred`: the notes read from the
-    files are left for `bm25.post()` (see Bm25)."""
+    files are left for `LexicalIndex.post()`."""
     try:
         data = json.loads(lexical_file(root, collection).read_text(encoding="utf-8"))
     except (OSError, ValueError):

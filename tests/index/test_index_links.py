@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crucible.kiln.lexical import ANCHOR_WORDS, LexicalIndex, note_fields
+from crucible.kiln.lexical import ANCHOR_WORDS, MAX_LINKS, LexicalIndex, link_terms, note_fields
 
 
 def _write(root: Path, rel: str, text: str) -> None:
@@ -75,13 +75,15 @@ def test_links_resolve_as_obsidian_resolves_them(tmp_path: Path) -> None:
     assert set(_found(lex, "elsewhere")) == {"Index.md", "C/Note.md"}
 
 
-def test_a_line_of_many_links_is_read_in_one_pass() -> None:
-    """A hostile note: 50,000 links on one line. Each target gets the words beside its own link
-    (at most ANCHOR_WORDS on each side), not the whole line."""
+def test_a_note_of_many_links_counts_the_first_ones_read_in_one_pass() -> None:
+    """A hostile note: 50,000 links on one line. The first MAX_LINKS count, each target with the
+    words beside its own link (ANCHOR_WORDS on each side), not the whole line; the rest do not."""
     line = " ".join(f"w{i} [[t{i}]]" for i in range(50_000))
-    links = note_fields(line, "n.md").links
-    assert len(links) == 50_000
-    assert links["t25000"] == {f"w{i}": 1 for i in range(25_001 - ANCHOR_WORDS, 25_001 + ANCHOR_WORDS)}
+    links = link_terms(note_fields(line + "\n\n[[later]] words", "n.md").link_lines)
+    assert len(links) == MAX_LINKS and "later" not in links
+    assert links["t500"] == {f"w{i}": 1 for i in range(501 - ANCHOR_WORDS, 501 + ANCHOR_WORDS)}
+    last = MAX_LINKS - 1  # the words after the last one counted: up to the next link
+    assert links[f"t{last}"] == {f"w{i}": 1 for i in range(last + 1 - ANCHOR_WORDS, last + 2)}
 
 
 _NAMES = st.sampled_from(["a/x.md", "b/x.md", "x.md", "a/y.md", "b/c/y.md", "q/r/s/y.md", "z.md"])
