@@ -82,7 +82,12 @@ def _iso(ts: float) -> str:
 
 
 def _message(exc: CrucibleError) -> str:
-    return f"{exc.message}. {exc.fix[0].upper()}{exc.fix[1:]}." if exc.fix else exc.message
+    """The error as a tool result says it: its message, then its fix as a sentence (a fix that
+    is a command is quoted: "Cru kiln index --rebuild." read as prose and misspelt it)."""
+    if not exc.fix:
+        return exc.message
+    fix = f"run `{exc.fix}`" if exc.fix.startswith("cru ") else exc.fix
+    return f"{exc.message}. {fix[0].upper()}{fix[1:]}."
 
 
 def _not_found(path: str) -> NoteNotFoundError:

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -47,6 +47,7 @@ from crucible.kiln.store import (
     IndexUnusableError,
     NoteEntry,
     NoteRow,
+    StaleViewError,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class IndexProgress:
 ProgressFn = Callable[[IndexProgress], None]
 # Called while another process holds the writer lock, with its status; False stops waiting.
 WaitFn = Callable[[dict[str, Any] | None], bool]
+T = TypeVar("T")
 
 
 class IndexReport(BaseModel):
@@ -388,6 +390,18 @@ class KilnIndex:
                     self._stale_view = False
             finally:
                 self._lock.release()
+
+    def reading(self, read: Callable[[], T]) -> T:
+        """Run a search through the store, caught up with other processes' writes first. When
+        Chroma cannot read another process's first writes yet (StaleViewError: the index worker
+        began to write before its next generation), open the store again and run it once more."""
+        self.follow_store()
+        try:
+            return read()
+        except StaleViewError:
+            self._stale_view = True
+            self.follow_store()
+            return read()
 
     # -- updating ----------------------------------------------------------------------------
 

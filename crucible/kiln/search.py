@@ -208,6 +208,10 @@ def _results(
 def semantic_search(index: KilnIndex, query: str, limit: int = 10) -> list[SearchHit]:
     """Notes by meaning (Chroma vectors only)."""
     check_query(query, limit)
+    return index.reading(lambda: _semantic(index, query, limit))
+
+
+def _semantic(index: KilnIndex, query: str, limit: int) -> list[SearchHit]:
     vector = index.embed_query(query)
     ranked = dense_ranking(index, vector, limit)
     dense = {d.path: d for d, _ in ranked}
@@ -262,6 +266,10 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: 
     """Notes by meaning and by words: the dense and BM25 rankings fused (see `fuse`).
     `by_meaning=False`: by words alone (the caller will not wait for the query embedder)."""
     check_query(query, limit)
+    return index.reading(lambda: _hybrid(index, query, limit, by_meaning))
+
+
+def _hybrid(index: KilnIndex, query: str, limit: int, by_meaning: bool) -> list[SearchHit]:
     depth = max(FUSION_DEPTH, limit)
     ranked: list[tuple[Dense, float]] = []
     # Lexical first: with no vectors yet (or vectors of another embedder, rebuilt in the

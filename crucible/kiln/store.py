@@ -51,6 +51,13 @@ class IndexUnusableError(CrucibleError):
     """The index cannot be used as it is (locked, damaged, or built differently)."""
 
 
+class StaleViewError(IndexUnusableError):
+    """An embedded store that another process wrote to since this one opened it, and that
+    cannot read those writes yet: Chroma 1.5 fails a query with "Error creating hnsw segment
+    reader: Nothing found on disk" until it is opened again (seen while the index worker
+    writes a kiln's first vectors). Opening it again is the cure (`KilnIndex.reading`)."""
+
+
 def _clean(message: str, root: Path) -> str:
     """An exception text fit to show: the kiln's absolute path removed, one short line."""
     for prefix in {str(root.resolve()), str(root)}:
@@ -73,6 +80,10 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
+        if "nothing found on disk" in reason.lower():
+            raise StaleViewError(
+                f"the index in {store} changed under this process while {doing} ({reason})", REBUILD
+            ) from exc
         if _is_lock_error(exc):
             raise IndexUnusableError(
                 f"the index in {store} is locked by another process while {doing} ({reason})",

@@ -23,11 +23,12 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from crucible.config import Config
+from crucible.errors import CrucibleError
 from crucible.kiln.builder import BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
 from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.search import hybrid_search
-from crucible.kiln_mcp import CrucibleKilnBackend
+from crucible.kiln_mcp import CrucibleKilnBackend, _message
 from mcp_bridge.kiln_api import IndexShare
 
 TOPICS = ["harbour", "glacier", "violin", "compiler", "orchard", "falcon", "lantern", "quarry"]
@@ -386,3 +387,37 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
         assert r.structured_content["index"] == {"embedded": 1.0, "notes": notes}
     assert not [p for p in os.listdir(root / ".crucible") if p.endswith(".json") and "build" in p]
+
+
+async def test_searches_while_the_worker_writes_the_first_vectors_all_answer(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`cru mcp` on a kiln never indexed, searched over and over while its index worker writes
+    the first vectors: Chroma in cru mcp cannot read another process's first writes until it
+    opens the store again (it failed every search with "Nothing found on disk" until the
+    worker's next generation, or for good). Every search answers, by meaning as it comes."""
+    root = tmp_path / "kiln"
+    notes = 400
+    write_notes(root, many_notes(notes))
+    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
+    failed: list[str] = []
+    shares: list[float] = []
+    async with Client(params, mode="legacy") as c:
+        with trio.fail_after(240):
+            while len([s for s in shares if s > 0]) < 30 and (not shares or shares[-1] < 1.0):
+                r = await c.call_tool("semantic_search", {"query": "uniqueword123", "limit": 1})
+                if r.is_error:
+                    failed.append(" ".join(_texts(r)))
+                else:
+                    assert r.structured_content is not None
+                    shares.append(r.structured_content["index"]["embedded"])
+                await trio.sleep(0.2)
+    assert not failed, failed[:3]
+    assert 0.0 < max(shares)  # the worker wrote while the searches ran
+
+
+def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -> None:
+    assert _message(CrucibleError("the index is damaged", "cru kiln index --rebuild")) == (
+        "the index is damaged. Run `cru kiln index --rebuild`.")
+    assert _message(CrucibleError("it changed", "read the note again")) == "it changed. Read the note again."
+    assert _message(CrucibleError("no fix here")) == "no fix here"
