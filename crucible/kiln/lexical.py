@@ -397,8 +397,8 @@ class LexicalIndex:
         # Notes read (their link lines) or dropped (None) since `resolve_links`: a first build
         # answers its first searches before it spends the time resolving them.
         self._unlinked: dict[str, list[str] | None] = {}
-        # The links as a load read them, put in the graph only when a note changes (a search
-        # needs no graph: the counts hold the terms of the links).
+        # The notes as a load read them, with their links: put in the graph only when a note
+        # changes (a search needs no graph: the counts hold the terms of the links).
         self._saved_links: dict[str, Any] = {}
 
     def __len__(self) -> int:
@@ -449,7 +449,7 @@ class LexicalIndex:
         for path in graph.take_dirty():
             if path not in self.titles:
                 continue
-            new = self.graph.incoming(path)
+            new = graph.incoming(path)
             old = self._incoming.get(path, {})
             if new == old:
                 continue
@@ -550,8 +550,7 @@ class LexicalIndex:
                 lex.bm25.add_counts(path, terms(counts), int(length))
                 if incoming:
                     lex._incoming[path] = terms(incoming)
-                if links:
-                    lex._saved_links[path] = links
+                lex._saved_links[path] = links  # every note: a target with no links of its own too
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return lex

@@ -96,38 +96,46 @@ def _text(links: list[tuple[str, str]]) -> str:
     return "# note\n\n" + "\n".join(f"- [[{target}]] {word}" for target, word in links) + "\n"
 
 
-@given(batches=st.lists(_OPS, min_size=1, max_size=4))
+@given(batches=st.lists(_OPS, min_size=1, max_size=4), after_load=_OPS)
 @settings(max_examples=200, deadline=None)
 def test_changing_notes_one_at_a_time_gives_the_index_built_at_once(
     batches: list[list[tuple[bool, str, list[tuple[str, str]]]]],
+    after_load: list[tuple[bool, str, list[tuple[str, str]]]],
 ) -> None:
     """Whatever notes are written and removed, and in which order, the counts of every note are
-    those of an index read from the final notes at once, and a saved index loads the same."""
-    live = LexicalIndex()
+    those of an index read from the final notes at once; and so after a save, a load and more
+    changes."""
     final: dict[str, str] = {}
-    for ops in batches:
+
+    def apply(lexes: list[LexicalIndex], ops: list[tuple[bool, str, list[tuple[str, str]]]]) -> None:
         for write, rel, links in ops:
             if write:
                 final[rel] = _text(links)
-                live.set_note(rel, final[rel])
             else:
                 final.pop(rel, None)
-                live.drop_note(rel)
-        live.resolve_links()
-    at_once = LexicalIndex()
-    for rel, text in final.items():
-        at_once.set_note(rel, text)
-    at_once.resolve_links()
+            for lex in lexes:
+                if write:
+                    lex.set_note(rel, final[rel])
+                else:
+                    lex.drop_note(rel)
+        for lex in lexes:
+            lex.resolve_links()
+
+    def at_once() -> dict[str, tuple[int, dict[str, int]]]:
+        lex = LexicalIndex()
+        for rel, text in final.items():
+            lex.set_note(rel, text)
+        lex.resolve_links()
+        return state(lex)
 
     def state(lex: LexicalIndex) -> dict[str, tuple[int, dict[str, int]]]:
         return {p: (lex.bm25.length(p), lex.bm25.counts(p)) for p in lex.titles}
 
-    assert state(live) == state(at_once)
+    live = LexicalIndex()
+    for ops in batches:
+        apply([live], ops)
+    assert state(live) == at_once()
     loaded = LexicalIndex.from_json(json.loads(json.dumps(live.to_json())))
-    assert loaded is not None and state(loaded) == state(at_once)
-    for rel in final:  # and it goes on from there as the live one does
-        loaded.set_note(rel, _text([]))
-        at_once.set_note(rel, _text([]))
-    loaded.resolve_links()
-    at_once.resolve_links()
-    assert state(loaded) == state(at_once)
+    assert loaded is not None and state(loaded) == state(live)
+    apply([live, loaded], after_load)  # a load goes on from there as the live index does
+    assert state(live) == state(loaded) == at_once()
