@@ -35,16 +35,21 @@ def _names(path: str) -> list[str]:
 
 
 class LinkGraph:
-    """The kiln's wikilinks, resolved, with the terms written around them. Not thread-safe: the
-    lexical index's owner holds its lock."""
+    """The kiln's wikilinks, resolved, with the terms written around them. Each link (a linking
+    note and a key) is bound to the note it names, so a note's incoming terms are a sum over
+    its own links in; a note added or removed rebinds the links of its names once per batch
+    (`take_dirty`). Not thread-safe: the lexical index's owner holds its lock."""
 
     def __init__(self) -> None:
         self.links: dict[str, LinkTerms] = {}  # by the linking note
         self._linkers: dict[str, set[str]] = {}  # key -> the notes with a link of that key
+        self._bound: dict[tuple[str, str], str] = {}  # (linking note, key) -> the note it names
+        self._into: dict[str, set[tuple[str, str]]] = {}  # a note -> the links bound to it
         self._named: dict[str, set[str]] = {}  # key -> the notes it can name
         self._notes: set[str] = set()
         self._paths: dict[str, str] = {}  # a note's whole key -> its path (one, if case differs)
         self._shortest: dict[str, str] = {}  # key -> the shortest path it names (a cache)
+        self._renamed: set[str] = set()  # keys whose notes changed: their links to rebind
         self.dirty: set[str] = set()  # notes whose incoming terms may have changed
 
     def has(self, path: str) -> bool:
@@ -53,11 +58,9 @@ class LinkGraph:
     def add_note(self, path: str) -> None:
         self._notes.add(path)
         for key in _names(path):
-            named = self._named.setdefault(key, set())
-            named.add(path)
+            self._named.setdefault(key, set()).add(path)
             self._shortest.pop(key, None)
-            if key in self._linkers:  # what those links name may change, among these notes
-                self.dirty |= named
+            self._renamed.add(key)
         self._paths.setdefault(link_key(path), path)
 
     def remove_note(self, path: str) -> None:
@@ -71,16 +74,14 @@ class LinkGraph:
             self._shortest.pop(key, None)
             if not named:
                 del self._named[key]
-            elif key in self._linkers:
-                self.dirty |= named
+            self._renamed.add(key)
         if self._paths.get(link_key(path)) == path:
             del self._paths[link_key(path)]
 
     def set_links(self, source: str, links: LinkTerms) -> None:
         """Replace the links of `source` (a note already added)."""
         for key in self.links.pop(source, {}):
-            if (target := self.resolve(key, source)) is not None:
-                self.dirty.add(target)
+            self._unbind(source, key)
             linkers = self._linkers[key]
             linkers.discard(source)
             if not linkers:
@@ -89,8 +90,23 @@ class LinkGraph:
             self.links[source] = links
         for key in links:
             self._linkers.setdefault(key, set()).add(source)
-            if (target := self.resolve(key, source)) is not None:
-                self.dirty.add(target)
+            self._bind(source, key)
+
+    def _bind(self, source: str, key: str) -> None:
+        target = self.resolve(key, source)
+        if target is not None and target != source:  # a link to itself says nothing new
+            self._bound[(source, key)] = target
+            self._into.setdefault(target, set()).add((source, key))
+            self.dirty.add(target)
+
+    def _unbind(self, source: str, key: str) -> None:
+        target = self._bound.pop((source, key), None)
+        if target is not None:
+            into = self._into[target]
+            into.discard((source, key))
+            if not into:
+                del self._into[target]
+            self.dirty.add(target)
 
     def resolve(self, key: str, source: str) -> str | None:
         """The note a link of `key` in `source` names, if any."""
@@ -112,13 +128,20 @@ class LinkGraph:
     def incoming(self, target: str) -> dict[str, int]:
         """The terms written around the links to `target` from other notes, summed."""
         out: dict[str, int] = {}
-        for key in _names(target):
-            for source in self._linkers.get(key, ()):
-                if source != target and self.resolve(key, source) == target:
-                    for term, n in self.links[source][key].items():
-                        out[term] = out.get(term, 0) + n
+        for source, key in self._into.get(target, ()):
+            for term, n in self.links[source][key].items():
+                out[term] = out.get(term, 0) + n
         return out
 
     def take_dirty(self) -> set[str]:
+        """The notes whose incoming terms may have changed since the last call, once the links
+        of every key whose notes changed are bound again (once per key, however many notes
+        of that name came or went)."""
+        for key in self._renamed:
+            for source in self._linkers.get(key, ()):
+                if self._bound.get((source, key)) != self.resolve(key, source):
+                    self._unbind(source, key)
+                    self._bind(source, key)
+        self._renamed = set()
         dirty, self.dirty = self.dirty, set()
         return dirty
