@@ -133,15 +133,19 @@ class LinkGraph:
                 out[term] = out.get(term, 0) + n
         return out
 
-    def take_dirty(self) -> set[str]:
-        """The notes whose incoming terms may have changed since the last call, once the links
-        of every key whose notes changed are bound again (once per key, however many notes
-        of that name came or went)."""
+    def rebind(self) -> None:
+        """Bind again the links of every key whose notes changed: once per key, however many
+        notes of that name came or went."""
         for key in self._renamed:
             for source in self._linkers.get(key, ()):
                 if self._bound.get((source, key)) != self.resolve(key, source):
                     self._unbind(source, key)
                     self._bind(source, key)
         self._renamed = set()
+
+    def take_dirty(self) -> set[str]:
+        """The notes whose incoming terms may have changed since the last call (the links
+        rebound first)."""
+        self.rebind()
         dirty, self.dirty = self.dirty, set()
         return dirty

@@ -266,6 +266,7 @@ class BackgroundIndex:
             with self._words_done:  # the searches that waited for the words go first
                 self._words_done.wait_for(lambda: self._words_searching == 0 or self._stop.is_set(),
                                           timeout=WORDS_FIRST)
+            lexical.read_links()  # changes nothing the searches read: no lock
             with self._lex_lock:  # then the links and the inverted index, so later searches need not scan
                 lexical.post()
             if self._stop.is_set():  # closed before the store was opened: nothing to stop

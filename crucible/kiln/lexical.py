@@ -394,9 +394,10 @@ class LexicalIndex:
         self.stamps: dict[str, Stamp] = {}
         self.graph = LinkGraph()
         self._incoming: dict[str, dict[str, int]] = {}  # the link terms in each note's BM25 counts
-        # Notes read (their link lines) or dropped (None) since `resolve_links`: a first build
-        # answers its first searches before it spends the time resolving them.
-        self._unlinked: dict[str, list[str] | None] = {}
+        # Notes read (their link lines, or the terms `read_links` took from them) or dropped
+        # (None) since `resolve_links`: a first build answers its first searches before it
+        # spends the time on their links.
+        self._unlinked: dict[str, list[str] | LinkTerms | None] = {}
         # The notes as a load read them, with their links: put in the graph only when a note
         # changes (a search needs no graph: the counts hold the terms of the links).
         self._saved_links: dict[str, Any] = {}
@@ -436,15 +437,19 @@ class LexicalIndex:
                     graph.set_links(path, {})
             self._saved_links = {}
             graph.take_dirty()  # saved resolved, with the counts: only the changes below count
+        # The notes first, then their links: each link is bound once, to a note of the final set
+        # (a first build would otherwise bind most links twice).
         for path, lines in self._unlinked.items():
             if lines is None:
                 if graph.has(path):
                     graph.remove_note(path)
-                continue
-            if not graph.has(path):
+            elif not graph.has(path):
                 graph.add_note(path)
-            graph.dirty.add(path)  # its counts lost the terms of the links to it
-            graph.set_links(path, link_terms(lines))
+        graph.rebind()
+        for path, lines in self._unlinked.items():
+            if lines is not None:
+                graph.dirty.add(path)  # its counts lost the terms of the links to it
+                graph.set_links(path, lines if isinstance(lines, dict) else link_terms(lines))
         self._unlinked = {}
         for path in graph.take_dirty():
             if path not in self.titles:
@@ -511,6 +516,14 @@ class LexicalIndex:
         if not deferred:  # else at post()
             self.resolve_links()
         return changed
+
+    def read_links(self) -> None:
+        """Take the terms around the links of the notes read since `resolve_links` (most of
+        its time on a first build). It changes nothing a search reads, so the owner of a
+        deferred build can run it without the searches' lock."""
+        for path, lines in self._unlinked.items():
+            if isinstance(lines, list):
+                self._unlinked[path] = link_terms(lines)
 
     def post(self) -> None:
         """Finish a deferred refresh: resolve the links and post the counts (see Bm25)."""
