@@ -25,6 +25,7 @@ from crucible.kiln.notes import (
     split_frontmatter,
 )
 from crucible.kiln.paths import RESERVED_DIR, iter_markdown, reserved_dir
+from crucible.private_files import FILE_MODE
 from mcp_bridge.kiln_api import LineMatch, SearchHit
 
 SNIPPET_CHARS = 300
@@ -166,7 +167,8 @@ class _PropertyStore:
         }}
         try:
             reserved_dir(self.root)
-            atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False))
+            atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False),
+                              new_file_mode=FILE_MODE)
             self.dirty = False
         except OSError:
             pass  # a read-only kiln: parsed again next time

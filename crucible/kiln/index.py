@@ -49,6 +49,7 @@ from crucible.kiln.store import (
     NoteRow,
     StaleViewError,
 )
+from crucible.private_files import FILE_MODE
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ class WriterLock:
             return
         self._published = now
         try:
-            atomic_write_text(self.root / STATUS_FILE, json.dumps({"pid": os.getpid(), **status}))
+            atomic_write_text(self.root / STATUS_FILE, json.dumps({"pid": os.getpid(), **status}),
+                              new_file_mode=FILE_MODE)
         except OSError:
             pass  # a read-only .crucible: the others just see no progress
 
@@ -729,7 +731,7 @@ class KilnIndex:
             self._lex_dirty = False
         try:
             reserved_dir(self.root)
-            atomic_write_text(lexical_file(self.root, self.name), data)
+            atomic_write_text(lexical_file(self.root, self.name), data, new_file_mode=FILE_MODE)
         except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
             log.warning("could not save the lexical index: %s", exc.strerror or exc)
 

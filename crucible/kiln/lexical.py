@@ -393,7 +393,9 @@ class LexicalIndex:
         self.titles: dict[str, str] = {}
         self.stamps: dict[str, Stamp] = {}
         self.graph = LinkGraph()
-        self._incoming: dict[str, dict[str, int]] = {}  # the link terms in each note's BM25 counts
+        # The link terms in each note's BM25 counts (not saved: a load works them out from the
+        # saved links when it first needs them; {} for a note read since, whose counts are its own)
+        self._incoming: dict[str, dict[str, int]] = {}
         # Notes read (their link lines, or the terms `read_links` took from them) or dropped
         # (None) since `resolve_links`: a first build answers its first searches before it
         # spends the time on their links.
@@ -411,7 +413,7 @@ class LexicalIndex:
         self.titles[path] = fields.title
         self.stamps[path] = stamp
         self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
-        self._incoming.pop(path, None)  # its counts are its own words now
+        self._incoming[path] = {}  # its counts are its own words now
         self._unlinked[path] = fields.link_lines
 
     def drop_note(self, path: str) -> None:
@@ -435,8 +437,11 @@ class LexicalIndex:
                     graph.set_links(path, {str(k): {str(t): int(n) for t, n in v.items()} for k, v in links.items()})
                 except (AttributeError, TypeError, ValueError):  # not as this code saves them
                     graph.set_links(path, {})
-            self._saved_links = {}
             graph.take_dirty()  # saved resolved, with the counts: only the changes below count
+            for path in self._saved_links:  # what the counts of the notes not read since hold
+                if path in self.titles and path not in self._incoming and (incoming := graph.incoming(path)):
+                    self._incoming[path] = incoming
+            self._saved_links = {}
         # The notes first, then their links: each link is bound once, to a note of the final set
         # (a first build would otherwise bind most links twice).
         for path, lines in self._unlinked.items():
@@ -531,16 +536,15 @@ class LexicalIndex:
         self.bm25.post()
 
     def to_json(self) -> dict[str, Any]:
-        """Each note's stamp, title, BM25 length and counts (the terms of its links in them,
-        and apart), and its own links, so that a load needs no link resolved again."""
+        """Each note's stamp, title, BM25 length and counts (the terms of the links to it in
+        them), and its own links, so that a load needs no link resolved until a note changes."""
         self.resolve_links()  # what was read deferred and not posted yet
         links = self._saved_links or self.graph.links
         return {
             "format": self.FORMAT,
             "notes": {
                 p: [self.stamps.get(p, (0, 0))[0], self.stamps.get(p, (0, 0))[1], t,
-                    self.bm25.length(p), self.bm25.counts(p), self._incoming.get(p, {}),
-                    links.get(p, {})]
+                    self.bm25.length(p), self.bm25.counts(p), links.get(p, {})]
                 for p, t in self.titles.items()
             },
         }
@@ -556,13 +560,11 @@ class LexicalIndex:
             return {str(t): int(n) for t, n in counts.items()}
 
         try:
-            for path, (mtime, size, title, length, counts, incoming, links) in data["notes"].items():
+            for path, (mtime, size, title, length, counts, links) in data["notes"].items():
                 path = str(path)
                 lex.titles[path] = str(title)
                 lex.stamps[path] = (int(mtime), int(size))
                 lex.bm25.add_counts(path, terms(counts), int(length))
-                if incoming:
-                    lex._incoming[path] = terms(incoming)
                 lex._saved_links[path] = links  # every note: a target with no links of its own too
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
