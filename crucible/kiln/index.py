@@ -395,8 +395,8 @@ class KilnIndex:
 
     def reading(self, read: Callable[[], T]) -> T:
         """Run a search through the store, caught up with other processes' writes first. When
-        Chroma cannot read another process's first writes yet (StaleViewError: the index worker
-        began to write before its next generation), open the store again and run it once more."""
+        Chroma cannot read another process's writes yet (StaleViewError: the index worker wrote
+        since its last generation), open the store again and run it once more."""
         self.follow_store()
         try:
             return read()

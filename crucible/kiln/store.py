@@ -52,10 +52,11 @@ class IndexUnusableError(CrucibleError):
 
 
 class StaleViewError(IndexUnusableError):
-    """An embedded store that another process wrote to since this one opened it, and that
-    cannot read those writes yet: Chroma 1.5 fails a query with "Error creating hnsw segment
-    reader: Nothing found on disk" until it is opened again (seen while the index worker
-    writes a kiln's first vectors). Opening it again is the cure (`KilnIndex.reading`)."""
+    """A read that Chroma failed while executing its plan, as an embedded store does when
+    another process wrote to it since this one opened it: Chroma 1.5 says "Error creating hnsw
+    segment reader: Nothing found on disk" or "Error finding id" until it is opened again
+    (seen while the index worker writes a kiln's first vectors). Opening it again is the cure
+    (`KilnIndex.reading`); a store that still fails then is damaged."""
 
 
 def _clean(message: str, root: Path) -> str:
@@ -80,9 +81,9 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
-        if "nothing found on disk" in reason.lower():
+        if "error executing plan" in reason.lower():
             raise StaleViewError(
-                f"the index in {store} changed under this process while {doing} ({reason})", REBUILD
+                f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD
             ) from exc
         if _is_lock_error(exc):
             raise IndexUnusableError(
