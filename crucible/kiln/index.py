@@ -393,17 +393,26 @@ class KilnIndex:
             finally:
                 self._lock.release()
 
-    def reading(self, read: Callable[[], T]) -> T:
+    def reading(self, read: Callable[[], T], fallback: Callable[[], T] | None = None) -> T:
         """Run a search through the store, caught up with other processes' writes first. When
         Chroma cannot read another process's writes yet (StaleViewError: the index worker wrote
-        since its last generation), open the store again and run it once more."""
+        since its last generation), open the store again and run it once more; if that fails
+        too while another process is writing, `fallback` answers (the words: a search must not
+        fail because the index is being built)."""
         self.follow_store()
         try:
             return read()
         except StaleViewError:
             self._stale_view = True
             self.follow_store()
+        try:
             return read()
+        except StaleViewError as exc:
+            if fallback is None or build_status(self.root) is None:
+                raise
+            log.info("the vector store could not be read while another process writes it (%s): "
+                     "answering by words", exc.message)
+            return fallback()
 
     # -- updating ----------------------------------------------------------------------------
 

@@ -266,7 +266,8 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: 
     """Notes by meaning and by words: the dense and BM25 rankings fused (see `fuse`).
     `by_meaning=False`: by words alone (the caller will not wait for the query embedder)."""
     check_query(query, limit)
-    return index.reading(lambda: _hybrid(index, query, limit, by_meaning))
+    return index.reading(lambda: _hybrid(index, query, limit, by_meaning),
+                         fallback=lambda: words_search(index, query, limit))
 
 
 def _hybrid(index: KilnIndex, query: str, limit: int, by_meaning: bool) -> list[SearchHit]:

@@ -22,12 +22,14 @@ from index_helpers import write_notes
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
+import crucible.kiln.index as index_module
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.builder import BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
 from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.search import hybrid_search
+from crucible.kiln.store import StaleViewError
 from crucible.kiln_mcp import CrucibleKilnBackend, _message
 from mcp_bridge.kiln_api import IndexShare
 
@@ -421,3 +423,28 @@ def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -
         "the index is damaged. Run `cru kiln index --rebuild`.")
     assert _message(CrucibleError("it changed", "read the note again")) == "it changed. Read the note again."
     assert _message(CrucibleError("no fix here")) == "no fix here"
+
+
+def test_a_read_that_fails_again_after_reopening_answers_by_words_only_while_another_process_writes(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unit test of `KilnIndex.reading` (the store's failure is a stand-in here; the real one
+    is driven through cru mcp above): a read is retried once after the store is opened again;
+    failing again it is an error, unless another process holds the writer lock (a build)."""
+    index = KilnIndex.open(tiny_kiln, Config())
+    attempts: list[int] = []
+
+    def read() -> str:
+        attempts.append(1)
+        raise StaleViewError("the index in .crucible/chroma is damaged or unreadable", "cru kiln index --rebuild")
+
+    try:
+        with pytest.raises(StaleViewError):
+            index.reading(read, fallback=lambda: "by words")
+        assert len(attempts) == 2
+        monkeypatch.setattr(index_module, "build_status", lambda root: {"pid": 12345})
+        assert index.reading(read, fallback=lambda: "by words") == "by words"
+        with pytest.raises(StaleViewError):  # no fallback: the error
+            index.reading(read)
+    finally:
+        index.close()
