@@ -17,6 +17,7 @@ ruamel's `YAMLError`, TOML's stay `tomllib.TOMLDecodeError`, so callers report t
 
 from __future__ import annotations
 
+import json
 import tomllib
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "BoundedLoadError",
     "bounded_yaml",
     "check_depth",
+    "load_json",
     "load_toml",
     "load_yaml",
 ]
@@ -150,6 +152,18 @@ def check_depth(data: Any, max_depth: int = MAX_DEPTH) -> None:
             continue
         seen.add(id(value))
         stack.extend((child, depth + 1) for child in children)
+
+
+def load_json(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """`text` parsed by json, refused (BoundedLoadError) when nested deeper than `max_depth`:
+    for the files Crucible keeps in a kiln's `.crucible`, which came with the kiln as far as
+    anyone knows (the json module's RecursionError is not a ValueError)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:  # the C scanner stops at the interpreter's recursion limit
+        raise BoundedLoadError(f"nested too deeply (more than {max_depth} levels)") from None
+    check_depth(data, max_depth)
+    return data
 
 
 def load_toml(text: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crucible.bounded_load import MAX_DEPTH, load_json
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text
 from crucible.kiln.notes import (
@@ -131,7 +132,8 @@ class _PropertyStore:
         self.entries: dict[str, _Props] = {}
         self.dirty = False
         try:
-            data = json.loads((root / PROPERTIES_FILE).read_text(encoding="utf-8"))
+            # a note's frontmatter was bounded at MAX_DEPTH when parsed; the cache adds 4 levels
+            data = load_json((root / PROPERTIES_FILE).read_text(encoding="utf-8"), MAX_DEPTH + 4)
             if data.get("format") == 1:
                 for rel, (mtime, size, title, fm, tags) in data["notes"].items():
                     self.entries[str(rel)] = _Props((int(mtime), int(size)), str(title), dict(fm),

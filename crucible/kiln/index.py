@@ -31,6 +31,7 @@ from typing import IO, Any, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, Field
 
+from crucible.bounded_load import load_json
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
@@ -189,7 +190,7 @@ class WriterLock:
 
 def _read_status(root: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((root / STATUS_FILE).read_text(encoding="utf-8"))
+        data = load_json((root / STATUS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -23,7 +23,6 @@ each file's (mtime, size), so a new process re-reads only the notes that changed
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import posixpath
@@ -39,6 +38,7 @@ from typing import Any
 
 import snowballstemmer
 
+from crucible.bounded_load import load_json
 from crucible.errors import CrucibleError
 from crucible.kiln.anchors import LinkGraph, LinkTerms, link_key
 from crucible.kiln.notes import (
@@ -581,7 +581,7 @@ def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tupl
     from them; and whether it differs from what is saved. `deferred`: the notes read from the
     files are left for `LexicalIndex.post()`."""
     try:
-        data = json.loads(lexical_file(root, collection).read_text(encoding="utf-8"))
+        data = load_json(lexical_file(root, collection).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = None
     lex = LexicalIndex.from_json(data) or LexicalIndex()

@@ -18,7 +18,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 from ruamel.yaml import YAML
 
-from crucible.bounded_load import BoundedLoadError, load_toml, load_yaml
+from crucible.bounded_load import BoundedLoadError, load_json, load_toml, load_yaml
 from crucible.cards import CardError, load_cards, parse_card
 from crucible.kiln.notes import parse_note
 
@@ -100,6 +100,37 @@ async def test_read_metadata_of_a_planted_bomb_answers_at_once(cru_bin: str, cle
         data: Any = meta.structured_content
         assert data is not None and data["frontmatter"] == {}
         assert any("expand to more than" in p for p in data["problems"])
+
+
+async def test_a_kiln_that_came_with_deep_json_in_its_crucible_folder_is_searched(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A kiln is not trusted: one cloned with a `.crucible` folder whose saved words, properties
+    and build status are 200,000 nested brackets. Each is read as a damaged file (built again
+    from the notes), not as a RecursionError that failed every search."""
+    kiln = tmp_path / "kiln"
+    (kiln / ".crucible").mkdir(parents=True)
+    (kiln / "Garden.md").write_text("---\nstatus: growing\n---\n# Garden\n\nTomatoes and basil by the fence.\n")
+    for name in ("lexical-kiln.json", "properties.json", "index-build.json"):
+        (kiln / ".crucible" / name).write_text("[" * 200_000)
+    (kiln / ".crucible" / "index.lock").touch()  # so the build status is read
+    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(kiln)], env=clean_env)
+    async with Client(params) as client:
+        found = await client.call_tool("semantic_search", {"query": "tomatoes", "limit": 2})
+        assert not found.is_error, found.content
+        assert found.structured_content is not None
+        assert [r["path"] for r in found.structured_content["results"]] == ["Garden.md"]
+        props = await client.call_tool("property_search", {"query": "status:growing"})
+        assert not props.is_error, props.content
+        assert props.structured_content is not None
+        assert [r["path"] for r in props.structured_content["results"]] == ["Garden.md"]
+
+
+@pytest.mark.parametrize("text", ["[" * 200_000, "[" * 101 + "]" * 101, '{"a":' * 150 + "1" + "}" * 150])
+def test_load_json_refuses_deep_nesting_without_recursion_error(text: str) -> None:
+    with pytest.raises(BoundedLoadError, match="nested too deeply"):
+        load_json(text)
+    assert load_json('{"notes": {"a.md": [1, 2, {"t": 3}]}}') == {"notes": {"a.md": [1, 2, {"t": 3}]}}
 
 
 # -- cards --------------------------------------------------------------------------------------
