@@ -154,10 +154,10 @@ def check_depth(data: Any, max_depth: int = MAX_DEPTH) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def load_json(text: str, max_depth: int = MAX_DEPTH) -> Any:
+def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """`text` parsed by json, refused (BoundedLoadError) when nested deeper than `max_depth`:
-    for the files Crucible keeps in a kiln's `.crucible`, which came with the kiln as far as
-    anyone knows (the json module's RecursionError is not a ValueError)."""
+    for JSON nobody vouches for (the files in a kiln's `.crucible`, which came with the kiln as
+    far as anyone knows; a package index's answer). json's RecursionError is no ValueError."""
     try:
         data = json.loads(text)
     except RecursionError:  # the C scanner stops at the interpreter's recursion limit

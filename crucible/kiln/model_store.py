@@ -26,7 +26,6 @@ import fcntl
 import hashlib
 import html.parser
 import importlib.util
-import json
 import os
 import shutil
 import ssl
@@ -42,6 +41,7 @@ from typing import IO, Any, TextIO
 
 import httpx
 
+from crucible.bounded_load import load_json
 from crucible.config import data_dir
 from crucible.errors import CrucibleError
 
@@ -209,7 +209,7 @@ def _link_from_href(href: str, base: str, source: str) -> WheelLink | None:
 def _parse_project_page(body: bytes, content_type: str, page_url: str, source: str) -> WheelLink | None:
     if "json" in content_type:
         try:
-            files = json.loads(body).get("files", [])
+            files = load_json(body).get("files", [])
         except (ValueError, AttributeError):
             return None
         for f in files if isinstance(files, list) else []:

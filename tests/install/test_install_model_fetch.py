@@ -207,3 +207,11 @@ def test_the_embedder_runs_on_the_fetched_copy_when_no_package_is_installed(
     vectors = emb.MiniLMEmbedder(threads=1).embed(["a note about sourdough", "bread starter"])
     assert vectors.shape == (2, 384)
     assert float(np.dot(vectors[0], vectors[1])) > 0.3  # the real model: related texts are close
+
+
+def test_a_json_index_page_nested_too_deeply_is_no_wheel_not_a_crash() -> None:
+    """A hostile index answers 200,000 nested brackets: the page offers no wheel (the next index
+    is tried), where json's RecursionError escaped before."""
+    page = model_store._parse_project_page(b"[" * 200_000, "application/vnd.pypi.simple.v1+json",
+                                           "http://127.0.0.1:9/simple/x/", "http://127.0.0.1:9/simple")
+    assert page is None
