@@ -7,12 +7,12 @@ Pure functions over a tool call's merged state (acp_host.session.ToolCall), plus
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from acp_host.session import ToolCall
+from crucible.bounded_load import load_json
 from crucible.errors import CrucibleError
 from crucible.kiln.paths import resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
@@ -72,7 +72,7 @@ _MAX_JSON_CHARS = 2_000_000  # a bigger result is shown as text, not parsed at e
 def _json(value: Any) -> Any:
     if isinstance(value, str) and len(value) <= _MAX_JSON_CHARS and value.lstrip()[:1] in ("{", "["):
         try:
-            return json.loads(value)
+            return load_json(value)  # the agent's text: nesting bounded
         except ValueError:
             return None
     return value if isinstance(value, dict | list) else None

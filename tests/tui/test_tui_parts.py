@@ -217,3 +217,15 @@ def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None
     assert "-line 0" in "\n".join(shown)
     assert any(re.match(r"\s+… \d+ more lines", row) for row in shown) and "reject once" in " ".join(shown[-2:])
     assert dialog_lines(queue, width=80, max_rows=12) is rows  # the same frame size: not made again
+
+
+def test_a_tool_result_of_deeply_nested_json_from_the_agent_is_shown_not_parsed() -> None:
+    """An agent's tool result text of 200,000 nested brackets: the chat looks for search hits
+    and arguments in it at each redraw; json's RecursionError escaped that before."""
+    deep = "[" * 200_000
+    result = call("semantic_search", status="completed",
+                  content=({"type": "content", "content": {"type": "text", "text": deep}},))
+    assert search_hits(result) is None
+    pending = call("mcp__crucible__semantic_search", status="pending",
+                   content=({"type": "content", "content": {"type": "text", "text": "{" + deep}},))
+    assert bridge_call(pending) is not None and bridge_call(pending).title == "semantic_search"
