@@ -316,7 +316,17 @@ class CrucibleKilnBackend:
         state = self._indexer().state()
         if state.phase in ("embedding", "waiting") and state.notes:
             return IndexShare(embedded=state.embedded, notes=state.notes)
-        embedded, total = index.embedded_share()
+        try:
+            embedded, total = index.embedded_share()
+        except CrucibleError as exc:
+            # imported here: the index is open, so chromadb is loaded already (not at start)
+            from crucible.kiln.store import StaleViewError
+
+            if not isinstance(exc, StaleViewError) or not state.notes:
+                raise
+            # the store cannot be read while the build ends (this process's last writes): the
+            # build's own count
+            return IndexShare(embedded=state.embedded, notes=state.notes)
         return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:

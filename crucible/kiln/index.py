@@ -278,6 +278,7 @@ class KilnIndex:
         self._embedded: set[str] | None = None  # notes whose stored row matches their file
         self._own_generations: set[str] = set()
         self._seen_generation: str | None = None
+        self._opened_generation: str | None = None  # the store's generation when this opened it
         self._stale_view = False  # another process wrote since the store was opened
         self._queued: set[str] = set()  # changed while an update ran here: indexed after it
 
@@ -293,7 +294,7 @@ class KilnIndex:
         root = Path(root).resolve()
         embedder = make_embedder(config.embedder)
         index = cls(root, config, ChromaStore.open(root, config, embedder, rebuild=rebuild))
-        index._seen_generation = index.chroma.generation()
+        index._seen_generation = index._opened_generation = index.chroma.generation()
         if lexical is not None:
             index._lexical, index._lex_dirty, index._lex_lock = lexical
         return index
@@ -369,7 +370,8 @@ class KilnIndex:
 
     def _current_in_store(self, lex: LexicalIndex) -> set[str]:
         stamps = {p: f"{m}:{s}" for p, (m, s) in lex.stamps.items()}
-        return {p for p, e in self.manifest().items() if e.stamp and stamps.get(p) == e.stamp}
+        manifest = self.reading(self.manifest)  # read beside the index worker's writes too
+        return {p for p, e in manifest.items() if e.stamp and stamps.get(p) == e.stamp}
 
     # -- following other processes -------------------------------------------------------------
 
@@ -398,8 +400,9 @@ class KilnIndex:
         """Run a search through the store, caught up with other processes' writes first. When
         Chroma cannot read another process's writes yet (StaleViewError: the index worker wrote
         since its last generation), open the store again and run it once more; if that fails
-        too while another process is writing, `fallback` answers (the words: a search must not
-        fail because the index is being built)."""
+        too while another process is writing or has written since this one opened the store,
+        `fallback` answers (the words: a search must not fail because the index is being built).
+        A store that fails so with no other writer is reported (damaged)."""
         self.follow_store()
         try:
             return read()
@@ -409,7 +412,9 @@ class KilnIndex:
         try:
             return read()
         except StaleViewError as exc:
-            if fallback is None or build_status(self.root) is None:
+            others_wrote = (self._seen_generation != self._opened_generation
+                            and self._seen_generation not in self._own_generations)
+            if fallback is None or not (others_wrote or build_status(self.root) is not None):
                 raise
             log.info("the vector store could not be read while another process writes it (%s): "
                      "answering by words", exc.message)
