@@ -46,17 +46,15 @@ class LinkGraph:
         self._bound: dict[tuple[str, str], str] = {}  # (linking note, key) -> the note it names
         self._into: dict[str, set[tuple[str, str]]] = {}  # a note -> the links bound to it
         self._named: dict[str, set[str]] = {}  # key -> the notes it can name
-        self._notes: set[str] = set()
         self._paths: dict[str, str] = {}  # a note's whole key -> its path (one, if case differs)
         self._shortest: dict[str, str] = {}  # key -> the shortest path it names (a cache)
         self._renamed: set[str] = set()  # keys whose notes changed: their links to rebind
         self.dirty: set[str] = set()  # notes whose incoming terms may have changed
 
     def has(self, path: str) -> bool:
-        return path in self._notes
+        return path in self._named.get(link_key(path), ())
 
     def add_note(self, path: str) -> None:
-        self._notes.add(path)
         for key in _names(path):
             self._named.setdefault(key, set()).add(path)
             self._shortest.pop(key, None)
@@ -64,7 +62,6 @@ class LinkGraph:
         self._paths.setdefault(link_key(path), path)
 
     def remove_note(self, path: str) -> None:
-        self._notes.discard(path)
         self.set_links(path, {})
         for key in _names(path):
             named = self._named.get(key)
