@@ -322,11 +322,11 @@ class CrucibleKilnBackend:
             # imported here: the index is open, so chromadb is loaded already (not at start)
             from crucible.kiln.store import StaleViewError
 
-            if not isinstance(exc, StaleViewError) or not state.notes:
+            if not isinstance(exc, StaleViewError):
                 raise
-            # the store cannot be read while the build ends (this process's last writes): the
-            # build's own count
-            return IndexShare(embedded=state.embedded, notes=state.notes)
+            # the store cannot be read beside another process's last writes: the build's own
+            # count (the search itself answers by words then)
+            return IndexShare(embedded=state.embedded, notes=state.notes or len(index.lexical()))
         return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:

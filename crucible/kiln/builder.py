@@ -253,7 +253,16 @@ class BackgroundIndex:
                     log.exception("index state listener failed")
 
     def _share(self) -> tuple[float, int]:
-        embedded, total = self._index.embedded_share()
+        from crucible.kiln.store import StaleViewError  # chromadb: loaded with the open index
+
+        try:
+            embedded, total = self._index.embedded_share()
+        except StaleViewError as exc:
+            # Another process's last writes cannot be read yet: the share known last stands
+            # (the index is not failed for it; the next search reads them).
+            log.info("the embedded share could not be read (%s)", exc.message)
+            state = self.state()
+            return state.embedded, state.notes or len(self._index.lexical())
         return (round(embedded / total, 4) if total else 1.0), total
 
     def _run(self) -> None:

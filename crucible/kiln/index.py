@@ -65,6 +65,8 @@ GROUP_NOTES = 32
 GENERATION_EVERY = 10.0
 # How often the writer updates its status file.
 STATUS_EVERY = 0.5
+# Before the last try of a read that failed beside another process's writes (they land meanwhile).
+STALE_RETRY_PAUSE = 0.2
 
 __all__ = [
     "LOCK_FILE", "REBUILD", "STATUS_FILE", "STORE_DIR", "IndexProgress", "IndexReport",
@@ -148,7 +150,9 @@ class WriterLock:
         with it, poll every half second, calling `wait(status)`, until free or it says stop."""
         lock_path = self.root / LOCK_FILE
         reserved_dir(self.root)
-        handle: IO[str] = open(lock_path, "a+")  # noqa: SIM115 - held until release()
+        # the person's files are 0600 (the lock is empty, but a new file says nothing to others)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        handle: IO[str] = os.fdopen(fd, "a+")  # held until release()
         while True:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -278,8 +282,8 @@ class KilnIndex:
         self._embedded: set[str] | None = None  # notes whose stored row matches their file
         self._own_generations: set[str] = set()
         self._seen_generation: str | None = None
-        self._opened_generation: str | None = None  # the store's generation when this opened it
-        self._stale_view = False  # another process wrote since the store was opened
+        self._others_wrote = False  # another process wrote to the store since this one opened it
+        self._stale_view = False  # another process wrote since the store was opened last
         self._queued: set[str] = set()  # changed while an update ran here: indexed after it
 
     @classmethod
@@ -294,7 +298,7 @@ class KilnIndex:
         root = Path(root).resolve()
         embedder = make_embedder(config.embedder)
         index = cls(root, config, ChromaStore.open(root, config, embedder, rebuild=rebuild))
-        index._seen_generation = index._opened_generation = index.chroma.generation()
+        index._seen_generation = index.chroma.generation()
         if lexical is not None:
             index._lexical, index._lex_dirty, index._lex_lock = lexical
         return index
@@ -382,7 +386,7 @@ class KilnIndex:
         if generation != self._seen_generation:
             self._seen_generation = generation
             if generation not in self._own_generations:
-                self._stale_view = True
+                self._stale_view = self._others_wrote = True
                 with self._lex_lock:
                     if self._lexical is not None and self._lexical.refresh(self.root):
                         self._lex_dirty = True
@@ -399,26 +403,24 @@ class KilnIndex:
     def reading(self, read: Callable[[], T], fallback: Callable[[], T] | None = None) -> T:
         """Run a search through the store, caught up with other processes' writes first. When
         Chroma cannot read another process's writes yet (StaleViewError: the index worker wrote
-        since its last generation), open the store again and run it once more; if that fails
-        too while another process is writing or has written since this one opened the store,
-        `fallback` answers (the words: a search must not fail because the index is being built).
-        A store that fails so with no other writer is reported (damaged)."""
-        self.follow_store()
-        try:
-            return read()
-        except StaleViewError:
-            self._stale_view = True
-            self.follow_store()
-        try:
-            return read()
-        except StaleViewError as exc:
-            others_wrote = (self._seen_generation != self._opened_generation
-                            and self._seen_generation not in self._own_generations)
-            if fallback is None or not (others_wrote or build_status(self.root) is not None):
-                raise
-            log.info("the vector store could not be read while another process writes it (%s): "
-                     "answering by words", exc.message)
-            return fallback()
+        since its last generation), open the store again and run it once more, then once more
+        after a pause; if it still fails while another process is writing or has written since
+        this one opened the store, `fallback` answers (the words: a search must not fail
+        because the index is being built). A store that fails so with no other writer is
+        reported (damaged)."""
+        for pause in (0.0, 0.0, STALE_RETRY_PAUSE):
+            time.sleep(pause)
+            try:
+                self.follow_store()  # reads the generation: fails like the read itself
+                return read()
+            except StaleViewError as exc:
+                failure = exc
+                self._stale_view = True  # opened again by the next follow_store
+        if fallback is None or not (self._others_wrote or build_status(self.root) is not None):
+            raise failure
+        log.info("the vector store could not be read while another process writes it (%s): "
+                 "answering by words", failure.message)
+        return fallback()
 
     # -- updating ----------------------------------------------------------------------------
 
@@ -726,7 +728,10 @@ class KilnIndex:
 
     def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
         """Notes by BM25: (path, score), best first."""
-        self.follow_store()
+        try:
+            self.follow_store()
+        except StaleViewError:  # the words answer whatever the vector store says (the fallback)
+            self._stale_view = True
         with self._lex_lock:
             return self.lexical().search(query, limit)
 

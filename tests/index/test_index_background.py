@@ -441,10 +441,53 @@ def test_a_read_that_fails_again_after_reopening_answers_by_words_only_while_ano
     try:
         with pytest.raises(StaleViewError):
             index.reading(read, fallback=lambda: "by words")
-        assert len(attempts) == 2
+        assert len(attempts) == 3  # opened again before the second, a pause before the third
         monkeypatch.setattr(index_module, "build_status", lambda root: {"pid": 12345})
         assert index.reading(read, fallback=lambda: "by words") == "by words"
         with pytest.raises(StaleViewError):  # no fallback: the error
             index.reading(read)
     finally:
         index.close()
+
+
+def test_a_store_unreadable_after_another_process_wrote_fails_no_search_and_no_build(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of the vector store failing as Chroma fails beside another process's fresh
+    writes (the failure is injected here; the real one is driven through cru mcp above): once
+    another process has written, a search answers by words with the share known last, and the
+    build's state is not "failed" for it. Each read path of a search is covered at once."""
+    monkeypatch.setenv("CRUCIBLE_INDEX_MODE", "thread")
+    backend = CrucibleKilnBackend(tiny_kiln, Config())
+    other = None
+    try:
+        backend.start_indexing()
+        backend.open_index(lambda *_: None)
+        deadline = time.monotonic() + 300
+        while backend.index_state().phase != "ready":
+            assert time.monotonic() < deadline and backend.index_state().phase != "failed"
+            time.sleep(0.1)
+        before = backend.semantic_search("chili flakes", 3)
+        other = KilnIndex.open(tiny_kiln, Config())  # another writer (its own client)
+        (tiny_kiln / "Links.md").write_text("# Linking notes\n\nNew words: zeppelin.\n")
+        other.update_paths(["Links.md"])
+
+        def unreadable(*_: Any, **__: Any) -> Any:
+            raise StaleViewError("the index in .crucible/chroma is damaged or unreadable while reading it "
+                                 "(InternalError: Error executing plan: Internal error: Error finding id)",
+                                 "cru kiln index --rebuild")
+
+        for name in ("manifest", "count_notes", "chunks_by_id", "note_vectors", "note_chunks", "_query"):
+            monkeypatch.setattr(index_module.ChromaStore, name, unreadable)
+        after = backend.semantic_search("chili flakes", 3)
+        assert after.results[0].path == before.results[0].path == "Cooking/Pasta.md"
+        assert after.results[0].heading == "Pasta night > Sauce"
+        assert after.index == IndexShare(embedded=1.0, notes=3)
+        assert backend.semantic_search("zeppelin", 1).results[0].path == "Links.md"  # the other's write
+        assert backend._indexer()._share() == (1.0, 3)  # the build's state keeps what it knew
+        monkeypatch.setattr(index_module.ChromaStore, "generation", unreadable)  # read before each try
+        assert backend.semantic_search("chili flakes", 3).results[0].path == "Cooking/Pasta.md"
+    finally:
+        if other is not None:
+            other.close()
+        backend.close()
