@@ -40,6 +40,7 @@ __all__ = [
 # Far beyond what a person writes in frontmatter, a card, a manifest or a config, and far
 # below what costs noticeable memory or time (each value is a few hundred bytes at most).
 MAX_DEPTH = 100
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 MAX_YAML_ALIASES = 1000
 MAX_YAML_VALUES = 100_000
 
@@ -134,24 +135,26 @@ def _bracket_depth(text: str) -> int:
 
 
 def check_depth(data: Any, max_depth: int = MAX_DEPTH) -> None:
-    """BoundedLoadError when lists/dicts in `data` nest deeper than `max_depth` (iterative,
-    so it works on data too deep to recurse into)."""
-    stack: list[tuple[Any, int]] = [(data, 0)]
+    """BoundedLoadError when lists/dicts in `data` nest deeper than `max_depth` (level by
+    level, so it works on data too deep to recurse into). Only containers are visited: a
+    saved index of millions of numbers is checked in a tenth of the time of its parse."""
+    level: list[Any] = [data] if isinstance(data, (dict, list)) else []
     seen: set[int] = set()
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Any = value.values()
-        elif isinstance(value, list):
-            children = value
-        else:
-            continue
+    depth = 0
+    while level:
         if depth >= max_depth:
             raise BoundedLoadError(f"nested too deeply (more than {max_depth} levels)")
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        stack.extend((child, depth + 1) for child in children)
+        below: list[Any] = []
+        for value in level:
+            if id(value) in seen:  # shared (YAML aliases): each once
+                continue
+            seen.add(id(value))
+            children = value.values() if isinstance(value, dict) else value
+            kinds = set(map(type, children))  # in C: most containers hold scalars only
+            if not kinds <= _SCALARS:
+                below.extend([c for c in children if isinstance(c, (dict, list))])
+        level = below
+        depth += 1
 
 
 def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
