@@ -380,6 +380,7 @@ class Bm25:
 
 
 Stamp = tuple[int, int]  # a file's (mtime_ns, size)
+_INT = frozenset({int})
 
 
 class LexicalIndex:
@@ -551,12 +552,16 @@ class LexicalIndex:
 
     @classmethod
     def from_json(cls, data: Any) -> LexicalIndex | None:
-        """The saved index if it is well-formed and of this format, else None."""
+        """The saved index if it is well-formed and of this format, else None. Its notes are
+        searchable at once and posted by `post()` (deferred: the load is what a second start's
+        first answer waits for)."""
         if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
             return None
         lex = cls()
 
         def terms(counts: Any) -> dict[str, int]:
+            if type(counts) is dict and set(map(type, counts.values())) <= _INT:  # as saved (checked in C)
+                return counts  # JSON's keys are strings
             return {str(t): int(n) for t, n in counts.items()}
 
         try:
@@ -564,7 +569,7 @@ class LexicalIndex:
                 path = str(path)
                 lex.titles[path] = str(title)
                 lex.stamps[path] = (int(mtime), int(size))
-                lex.bm25.add_counts(path, terms(counts), int(length))
+                lex.bm25.add_counts(path, terms(counts), int(length), deferred=True)
                 lex._saved_links[path] = links  # every note: a target with no links of its own too
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -585,7 +590,10 @@ def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tupl
     except (OSError, ValueError):
         data = None
     lex = LexicalIndex.from_json(data) or LexicalIndex()
-    return lex, bool(lex.refresh(root, deferred=deferred))
+    changed = bool(lex.refresh(root, deferred=deferred))
+    if not deferred:
+        lex.bm25.post()  # what the load left unposted
+    return lex, changed
 
 
 class LexicalView:

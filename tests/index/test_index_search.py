@@ -251,6 +251,30 @@ def test_snippet_centres_on_the_query() -> None:
     assert snippet("short text\n\nwith lines", "x") == "short text with lines"
 
 
+def test_a_loaded_lexical_index_ranks_before_it_is_posted_as_after(tiny_kiln: Path) -> None:
+    """A saved index is searchable as soon as it is read (its notes posted later, by `post()`):
+    the same ranking, the same scores, before and after; counts written as text (a hand-edited
+    file) are read as numbers, and counts that are no numbers make the file no index."""
+    built = LexicalIndex()
+    built.refresh(tiny_kiln)
+    saved = json.loads(json.dumps(built.to_json()))
+    loaded = LexicalIndex.from_json(saved)
+    assert loaded is not None
+    queries = ["spaghetti", "chili flakes garlic", "compost heap worms", "wikilinks notes", "nothing-like-it"]
+    before = [loaded.search(q, 5) for q in queries]
+    assert before == [built.search(q, 5) for q in queries]
+    assert before[0] and before[1] and not before[-1]
+    loaded.post()
+    assert [loaded.search(q, 5) for q in queries] == before
+
+    path = "Cooking/Pasta.md"
+    saved["notes"][path][4] = {"spaghetti": "2", "sauce": 1}
+    hand_edited = LexicalIndex.from_json(saved)
+    assert hand_edited is not None and hand_edited.bm25.counts(path) == {"spaghetti": 2, "sauce": 1}
+    saved["notes"][path][4] = {"spaghetti": "many"}
+    assert LexicalIndex.from_json(saved) is None
+
+
 def test_lexical_index_is_saved_and_follows_other_processes(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
