@@ -52,11 +52,16 @@ class IndexUnusableError(CrucibleError):
 
 
 class StaleViewError(IndexUnusableError):
-    """A read that Chroma failed while executing its plan, as an embedded store does when
-    another process wrote to it since this one opened it: Chroma 1.5 says "Error creating hnsw
-    segment reader: Nothing found on disk" or "Error finding id" until it is opened again
-    (seen while the index worker writes a kiln's first vectors). Opening it again is the cure
-    (`KilnIndex.reading`); a store that still fails then is damaged."""
+    """A read that Chroma failed as an embedded store does when another process changed it
+    since this one opened it: Chroma 1.5 says "Error executing plan: … Error creating hnsw
+    segment reader: Nothing found on disk" or "… Error finding id" until it is opened again
+    (seen while the index worker writes a kiln's first vectors), "Collection … does not exist"
+    while another process rebuilds it, and "disk I/O error" when its files were replaced.
+    Opening it again is the cure (`KilnIndex.reading`); a store that still fails then is damaged."""
+
+
+# How Chroma's messages say so (see StaleViewError), in lower case.
+_STALE_VIEW_SIGNS = ("error executing plan", "disk i/o error", "does not exist")
 
 
 def _clean(message: str, root: Path) -> str:
@@ -81,7 +86,7 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
-        if "error executing plan" in reason.lower():
+        if any(sign in reason.lower() for sign in _STALE_VIEW_SIGNS):
             raise StaleViewError(
                 f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD
             ) from exc
@@ -181,8 +186,11 @@ class ChromaStore:
 
     @classmethod
     def open(cls, root: Path, config: Config, embedder: Embedder, *, rebuild: bool = False) -> ChromaStore:
-        """Open (or create) the store. `rebuild=True` first throws the stored index away — the
-        way out of a damaged local store, which cannot even be opened."""
+        """Open (or create) the store. `rebuild=True` (`cru kiln index --rebuild`): a local
+        store damaged so that it cannot even be opened is thrown away first (a healthy one is
+        emptied by the update, under the writer lock: a session searching it meanwhile sees its
+        collections go and come back, never its files pulled away); a server's collections
+        are dropped."""
         name = config.index.collection
         if not _COLLECTION_NAME.fullmatch(name):
             raise CrucibleError(
@@ -192,17 +200,20 @@ class ChromaStore:
             )
         url = config.index.url
         if url:
-            client, label, local = _http_client(url), url, None
+            client = _http_client(url)
             if rebuild:
-                _drop_collections(client, name, root, label)
-        else:
-            local = root / STORE_DIR
-            label = STORE_DIR
-            if rebuild:
-                _wipe_local(local)
+                _drop_collections(client, name, root, url)
+            return cls(root, name, client, embedder, url, None)
+        local = root / STORE_DIR
+        try:
             local.mkdir(parents=True, exist_ok=True)
-            client = _persistent_client(local, root)
-        return cls(root, name, client, embedder, label, local)
+            return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
+        except CrucibleError:
+            if not rebuild:
+                raise
+        _wipe_local(local)
+        local.mkdir(parents=True, exist_ok=True)
+        return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
 
     def errors(self, doing: str) -> Any:
         return store_errors(self.root, self.label, doing)

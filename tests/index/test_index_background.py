@@ -418,6 +418,57 @@ async def test_searches_while_the_worker_writes_the_first_vectors_all_answer(
     assert 0.0 < max(shares)  # the worker wrote while the searches ran
 
 
+async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`cru mcp` serving an embedded kiln while `cru kiln index --rebuild` in another process
+    throws the store away and builds it again: the first search after the store's files were
+    replaced failed with "disk I/O error" and the advice to run the rebuild that was running.
+    Every search answers (by words while the new store is empty of this note), and by
+    meaning again when the rebuild is done."""
+    root = tmp_path / "kiln"
+    notes = 300
+    write_notes(root, many_notes(notes))
+    built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                   capture_stdout=True, capture_stderr=True, check=False)
+    assert built.returncode == 0, built.stderr.decode()
+    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
+    failed: list[str] = []
+    found: list[str] = []
+    async with Client(params, mode="legacy") as c:
+
+        async def search() -> None:
+            r = await c.call_tool("semantic_search", {"query": "uniqueword123", "limit": 1})
+            if r.is_error:
+                failed.append(" ".join(_texts(r)))
+            else:
+                assert r.structured_content is not None
+                found.append(r.structured_content["results"][0]["path"])
+
+        await search()
+        assert not failed and found == ["batch-02/note-0123.md"]
+        with trio.fail_after(240):
+            async with trio.open_nursery() as nursery:
+                done = trio.Event()
+
+                async def rebuild() -> None:
+                    other = await trio.run_process(
+                        [cru_bin, "kiln", "index", "--rebuild", "--kiln", str(root)], env=clean_env,
+                        capture_stdout=True, capture_stderr=True, check=False)
+                    assert other.returncode == 0, other.stderr.decode()
+                    done.set()
+
+                nursery.start_soon(rebuild)
+                while not done.is_set():
+                    await search()
+                    await trio.sleep(0.2)
+        for _ in range(3):
+            await search()
+    assert not failed, failed[:3]
+    assert len(found) > 10  # searched while the other process rebuilt
+    assert found[-3:] == ["batch-02/note-0123.md"] * 3
+
+
 def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -> None:
     assert _message(CrucibleError("the index is damaged", "cru kiln index --rebuild")) == (
         "the index is damaged. Run `cru kiln index --rebuild`.")
