@@ -280,7 +280,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                     if building.get("notes_total") else "")
             print(f"  being updated now by another cru (pid {building.get('pid', '?')}){done}")
         if index_info["stale"]:
-            print(f"  {index_info['stale']} notes changed since the last index: cru kiln index")
+            stale = index_info["stale"]
+            print(f"  {stale} {'note is' if stale == 1 else 'notes are'} not up to date in the index (new, "
+                  "changed or deleted since, or not reached by a build that was stopped): cru kiln index")
         if index_info["needs_rebuild"]:
             print(f"  {index_info['needs_rebuild']}: cru kiln index")
     return 0

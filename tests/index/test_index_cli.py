@@ -54,7 +54,7 @@ def test_index_then_search_finds_the_paraphrased_note(
 
     (tmp_kiln / "Inbox.md").write_text("# Inbox\n\nsomething new\n")
     info = cru(cru_bin, env, "kiln", "info")
-    assert "1 notes changed since the last index" in info.stdout
+    assert "1 note is not up to date in the index" in info.stdout and "cru kiln index" in info.stdout
 
     again = cru(cru_bin, env, "kiln", "index")
     assert again.returncode == 0
