@@ -299,7 +299,7 @@ class CrucibleKilnBackend:
                     hits = self._redacted(search.words_search(words, query, limit))
                     return RankedResults(results=hits, index=IndexShare(embedded=0.0, notes=len(words)))
             index = background.open_index()
-            share = self._share(index)
+            share = self._share()
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
             # A kiln mostly not embedded yet is searched by words at once while the query model
             # is not loaded (seconds): its few vectors are not worth the wait. The model loads
@@ -312,22 +312,13 @@ class CrucibleKilnBackend:
 
         return self._call(query, ranked)
 
-    def _share(self, index: Any) -> IndexShare:
-        state = self._indexer().state()
+    def _share(self) -> IndexShare:
+        background = self._indexer()
+        state = background.state()
         if state.phase in ("embedding", "waiting") and state.notes:
             return IndexShare(embedded=state.embedded, notes=state.notes)
-        try:
-            embedded, total = index.embedded_share()
-        except CrucibleError as exc:
-            # imported here: the index is open, so chromadb is loaded already (not at start)
-            from crucible.kiln.store import StaleViewError
-
-            if not isinstance(exc, StaleViewError):
-                raise
-            # the store cannot be read beside another process's last writes: the build's own
-            # count (the search itself answers by words then)
-            return IndexShare(embedded=state.embedded, notes=state.notes or len(index.lexical()))
-        return IndexShare(embedded=round(embedded / total, 4) if total else 1.0, notes=total)
+        embedded, notes = background.share()  # the share known last if the store cannot be read
+        return IndexShare(embedded=embedded, notes=notes)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:
         return self._call(
@@ -392,7 +383,7 @@ class CrucibleKilnBackend:
         state = self.index_state()
         try:
             status = index.status()
-            share = self._share(index)
+            share = self._share()
         except CrucibleError as exc:
             return {"opened": True, "phase": state.phase, "error": self.redact(_message(exc))}
         return {"opened": True, "phase": state.phase, "embedded": share.embedded, "notes": status.notes,

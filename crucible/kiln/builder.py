@@ -252,7 +252,8 @@ class BackgroundIndex:
                 except Exception:  # a listener's bug must not stop the index
                     log.exception("index state listener failed")
 
-    def _share(self) -> tuple[float, int]:
+    def share(self) -> tuple[float, int]:
+        """(the share of notes embedded, readable notes) read from the open index."""
         from crucible.kiln.store import StaleViewError  # chromadb: loaded with the open index
 
         try:
@@ -288,7 +289,7 @@ class BackgroundIndex:
             self._index = index
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
-            share, notes = self._share()
+            share, notes = self.share()
             self._set(phase="embedding", embedded=share, notes=notes, force=True)
             if self.mode == "thread":
                 self._build_here()
@@ -297,7 +298,7 @@ class BackgroundIndex:
             if self._stop.is_set():
                 self._set(phase="stopped", force=True)
                 return
-            share, notes = self._share()
+            share, notes = self.share()
             self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
         except CrucibleError as exc:
             self._fail(exc)
@@ -331,7 +332,7 @@ class BackgroundIndex:
 
     def _build_here(self) -> None:
         def progress(_: Any) -> None:
-            share, notes = self._share()
+            share, notes = self.share()
             self._set(phase="embedding", embedded=share, notes=notes, problem=None)
 
         try:

@@ -208,8 +208,8 @@ class ChromaStore:
         try:
             local.mkdir(parents=True, exist_ok=True)
             return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
-        except CrucibleError:
-            if not rebuild:
+        except CrucibleError as exc:
+            if not rebuild or exc.fix != REBUILD:  # locked by another process: never wiped
                 raise
         _wipe_local(local)
         local.mkdir(parents=True, exist_ok=True)

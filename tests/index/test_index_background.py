@@ -535,7 +535,7 @@ def test_a_store_unreadable_after_another_process_wrote_fails_no_search_and_no_b
         assert after.results[0].heading == "Pasta night > Sauce"
         assert after.index == IndexShare(embedded=1.0, notes=3)
         assert backend.semantic_search("zeppelin", 1).results[0].path == "Links.md"  # the other's write
-        assert backend._indexer()._share() == (1.0, 3)  # the build's state keeps what it knew
+        assert backend._indexer().share() == (1.0, 3)  # the build's state keeps what it knew
         monkeypatch.setattr(index_module.ChromaStore, "generation", unreadable)  # read before each try
         assert backend.semantic_search("chili flakes", 3).results[0].path == "Cooking/Pasta.md"
     finally:
