@@ -284,6 +284,7 @@ class KilnIndex:
         self._seen_generation: str | None = None
         self._others_wrote = False  # another process wrote to the store since this one opened it
         self._stale_view = False  # another process wrote since the store was opened last
+        self._in_reading = threading.local()  # a read inside `reading` is retried by it, once
         self._queued: set[str] = set()  # changed while an update ran here: indexed after it
 
     @classmethod
@@ -407,15 +408,23 @@ class KilnIndex:
         after a pause; if it still fails while another process is writing or has written since
         this one opened the store, `fallback` answers (the words: a search must not fail
         because the index is being built). A store that fails so with no other writer is
-        reported (damaged)."""
-        for pause in (0.0, 0.0, STALE_RETRY_PAUSE):
-            time.sleep(pause)
-            try:
-                self.follow_store()  # reads the generation: fails like the read itself
-                return read()
-            except StaleViewError as exc:
-                failure = exc
-                self._stale_view = True  # opened again by the next follow_store
+        reported (damaged). A `reading` inside another (the embedded notes, read by a hybrid
+        search) is left to the outer one's tries."""
+        if getattr(self._in_reading, "active", False):
+            return read()
+        self._in_reading.active = True
+        try:
+            for pause in (0.0, 0.0, STALE_RETRY_PAUSE):
+                if pause:
+                    time.sleep(pause)
+                try:
+                    self.follow_store()  # reads the generation: fails like the read itself
+                    return read()
+                except StaleViewError as exc:
+                    failure = exc
+                    self._stale_view = True  # opened again by the next follow_store
+        finally:
+            self._in_reading.active = False
         if fallback is None or not (self._others_wrote or build_status(self.root) is not None):
             raise failure
         log.info("the vector store could not be read while another process writes it (%s): "

@@ -493,6 +493,10 @@ def test_a_read_that_fails_again_after_reopening_answers_by_words_only_while_ano
         with pytest.raises(StaleViewError):
             index.reading(read, fallback=lambda: "by words")
         assert len(attempts) == 3  # opened again before the second, a pause before the third
+        attempts.clear()
+        with pytest.raises(StaleViewError):  # a reading inside a reading: the outer one's tries
+            index.reading(lambda: index.reading(read))
+        assert len(attempts) == 3  # not 3 x 3
         monkeypatch.setattr(index_module, "build_status", lambda root: {"pid": 12345})
         assert index.reading(read, fallback=lambda: "by words") == "by words"
         with pytest.raises(StaleViewError):  # no fallback: the error
