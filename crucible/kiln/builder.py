@@ -51,6 +51,9 @@ WORKER_NICE = 10
 WORDS_FIRST = 2.0
 # State changes heard at most this often while embedding (the first and last always).
 NOTIFY_EVERY = 0.5
+# Once built, how often the index looks whether another process (`cru kiln index` in another
+# terminal) is updating it: one open and flock of the lock file.
+FOLLOW_EVERY = 1.0
 
 Phase = Literal["starting", "opening", "waiting", "embedding", "ready", "failed", "stopped"]
 
@@ -300,6 +303,7 @@ class BackgroundIndex:
                 return
             share, notes = self.share()
             self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+            self._follow_others()
         except CrucibleError as exc:
             self._fail(exc)
         except Exception as exc:  # the thread's boundary: say it, never kill the session
@@ -325,10 +329,36 @@ class BackgroundIndex:
         self._set(phase="failed", problem=exc.message, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
-        other = f"another cru (pid {status.get('pid')})" if status and status.get("pid") else "another cru"
+        pid = (status or {}).get("pid")
+        other = f"another cru (pid {pid})" if isinstance(pid, int) else "another cru"
         self._set(phase="waiting", problem=f"{other} is updating the index",
-                  embedded=float((status or {}).get("embedded", self._state.embedded)))
+                  embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
+
+    def _follow_others(self) -> None:
+        """Until closed: another process's update of this kiln (`cru kiln index --rebuild` in
+        another terminal) shows as `waiting` with its progress, as when it held the lock at
+        start, and the share it left when it is done."""
+        from crucible.kiln.index import build_status
+
+        others = False
+        while not self._stop.wait(FOLLOW_EVERY):
+            try:
+                status = build_status(self.root)
+                if status is not None and (status.get("pid") == os.getpid() or self._index.writing_here()):
+                    status = None  # this process's own update (the watcher's changed notes)
+                if status is not None:
+                    others = True
+                    embedded = _status_share(status, self._state.embedded)
+                    if (self._state.phase, self._state.embedded) != ("waiting", embedded):
+                        self._waiting(status)
+                elif others:
+                    others = False
+                    self._index.reading(lambda: None)  # open the store again: it was rewritten
+                    share, notes = self.share()
+                    self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+            except Exception as exc:  # a look that failed says nothing of the index: look again
+                log.debug("following other processes' updates failed: %s", exc)
 
     def _build_here(self) -> None:
         def progress(_: Any) -> None:
@@ -384,6 +414,14 @@ class BackgroundIndex:
         if not self._stop.is_set():
             self._index.follow_store()
             self._index.update_paths([])  # the notes changed while the worker ran
+
+
+def _status_share(status: dict[str, Any] | None, known: float) -> float:
+    """The embedded share another process's status file says (a number in 0..1), else `known`."""
+    value = (status or {}).get("embedded")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    return known
 
 
 def _collect(stream: IO[str], into: list[str]) -> None:

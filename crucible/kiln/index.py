@@ -181,6 +181,11 @@ class WriterLock:
         except OSError:
             pass  # a read-only .crucible: the others just see no progress
 
+    @property
+    def held(self) -> bool:
+        """This process holds the lock (an update of its own is running)."""
+        return self._handle is not None
+
     def release(self) -> None:
         if self._handle is None:
             return
@@ -356,6 +361,10 @@ class KilnIndex:
             notes=len(manifest), chunks=self.count_chunks(), stale=stale,
             needs_rebuild=self.needs_rebuild,
         )
+
+    def writing_here(self) -> bool:
+        """An update of this process holds the kiln's writer lock."""
+        return self._writer.held
 
     def embedded_share(self) -> tuple[int, int]:
         """(notes whose vectors are stored and current, readable notes in the kiln)."""
@@ -601,6 +610,10 @@ class KilnIndex:
             if progress is not None:
                 progress(p)
 
+        # Said before the first embedding, which can take long (a slow embedder, a rebuild's
+        # first group): the others show how far this is from the start.
+        self._writer.publish({"notes_done": 0, "notes_total": len(todo), "chunks_done": 0,
+                              "embedded": self._share_now()}, force=True)
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-index") as pool:
             preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report)
             writing: Future[None] | None = None

@@ -1,5 +1,6 @@
 """Issue 15: `cru chat`'s status bar shows the kiln's index while it is built in the background
-(`indexing 16%`), and not once it is ready; a failed build shows why, shortly.
+(`indexing 16%`), and not once it is ready; a failed build shows why, shortly; a rebuild by
+another process (`cru kiln index --rebuild` in another terminal) shows too.
 
 The embedder is a real HTTP server (fixtures/gated_embedder.py) that the test lets answer, so
 the build (in its real worker process) stops where the test wants it and goes on when told."""
@@ -7,6 +8,7 @@ the build (in its real worker process) stops where the test wants it and goes on
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from gated_embedder import GatedEmbedder  # noqa: E402
 NOTES = 200  # one chunk each: groups of 32 notes, one embedder request each (batch_size 32)
 CTRL_D = "\x04"
 INDEXING = re.compile(r"indexing (\d+)%")
+OTHERS = re.compile(r"indexing (\d+)% \(another cru\)")
 
 
 @pytest.fixture
@@ -94,4 +97,40 @@ def test_a_failed_index_shows_a_short_reason(tui: TuiRunner, embedder: GatedEmbe
     reason = bar.split("index failed: ", 1)[1].strip()
     assert reason.startswith("the openai embedder answered HTTP 500"), bar
     assert "http://" not in reason and len(reason) <= 60, bar
+    leave(screen)
+
+
+def test_the_status_bar_shows_another_crus_rebuild_then_not(
+    tui: TuiRunner, embedder: GatedEmbedder, cru_bin: str, kiln: Path
+) -> None:
+    embedder.open()
+    screen = tui.open(None, cols=120)
+    groups = -(-NOTES // 32)
+    screen.wait_for(lambda _s: embedder.answered >= groups and "ready" in status(screen)
+                    and "index" not in status(screen), timeout=120)
+    # Built. Now another terminal rebuilds the index; its embedding waits at the gate.
+    embedder.shut()
+    other = subprocess.Popen([cru_bin, "kiln", "index", "--rebuild", "--kiln", str(kiln)], env=tui.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # 0% at first (the store emptied), then the share its first groups of notes wrote
+        def others() -> int:
+            m = OTHERS.search(status(screen))
+            return int(m.group(1)) if m else -1
+
+        screen.wait_for(lambda _s: others() == 0, timeout=60)
+        for _ in range(groups):  # one group of notes at a time, as in the test above
+            embedder.allow(1)
+            if shows_within(screen, lambda: others() > 0, 5):
+                break
+        assert 0 < others() < 100 and embedder.answered < 2 * groups, status(screen)
+        embedder.open()
+        _, err = other.communicate(timeout=120)
+        assert other.returncode == 0, err
+        # Done: the bar no longer speaks of the index.
+        screen.wait_for(lambda _s: "index" not in status(screen), timeout=30)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
     leave(screen)
