@@ -11,7 +11,9 @@ loaded when a search first needs it, or in the background after a search that di
 
 Resumable: the update writes a group of notes at a time and the next one re-embeds only
 what was not written (see `index.KilnIndex.update`), so a kill -9 or a restart loses at most
-one group. One writer per kiln: another process's update is waited for (and read around).
+one group. One writer per kiln: another process's update is waited for (and read around);
+once this one is built, another's (`cru kiln index --rebuild` in another terminal) is shown as
+it runs, and finished here if it stopped midway.
 
 The state (`state()`, and `subscribe(fn)` to hear of each change, called from the indexing
 thread) is what a status bar or a notice shows: phase, the embedded share, the note count.
@@ -292,18 +294,10 @@ class BackgroundIndex:
             self._index = index
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
-            share, notes = self.share()
-            self._set(phase="embedding", embedded=share, notes=notes, force=True)
-            if self.mode == "thread":
-                self._build_here()
-            else:
-                self._build_in_worker()
+            while self._build() and self._follow_others():
+                pass  # another process's update stopped before its end: this one finishes it
             if self._stop.is_set():
                 self._set(phase="stopped", force=True)
-                return
-            share, notes = self.share()
-            self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
-            self._follow_others()
         except CrucibleError as exc:
             self._fail(exc)
         except Exception as exc:  # the thread's boundary: say it, never kill the session
@@ -335,10 +329,25 @@ class BackgroundIndex:
                   embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
 
-    def _follow_others(self) -> None:
-        """Until closed: another process's update of this kiln (`cru kiln index --rebuild` in
-        another terminal) shows as `waiting` with its progress, as when it held the lock at
-        start, and the share it left when it is done."""
+    def _build(self) -> bool:
+        """Embed what is missing; then `ready`, unless closed meanwhile (False)."""
+        share, notes = self.share()
+        self._set(phase="embedding", embedded=share, notes=notes, problem=None, force=True)
+        if self.mode == "thread":
+            self._build_here()
+        else:
+            self._build_in_worker()
+        if self._stop.is_set():
+            return False
+        share, notes = self.share()
+        self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+        return True
+
+    def _follow_others(self) -> bool:
+        """Until closed (False): another process's update of this kiln (`cru kiln index
+        --rebuild` in another terminal) shows as `waiting` with its progress, as when it held
+        the lock at start, and the share it left when it is done. True when it left the index
+        incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest."""
         from crucible.kiln.index import build_status
 
         others = False
@@ -356,9 +365,12 @@ class BackgroundIndex:
                     others = False
                     self._index.reading(lambda: None)  # open the store again: it was rewritten
                     share, notes = self.share()
+                    if share < 1.0:
+                        return True
                     self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
             except Exception as exc:  # a look that failed says nothing of the index: look again
                 log.debug("following other processes' updates failed: %s", exc)
+        return False
 
     def _build_here(self) -> None:
         def progress(_: Any) -> None:

@@ -100,8 +100,9 @@ def test_a_failed_index_shows_a_short_reason(tui: TuiRunner, embedder: GatedEmbe
     leave(screen)
 
 
+@pytest.mark.parametrize("end", ["done", "kill -9"])
 def test_the_status_bar_shows_another_crus_rebuild_then_not(
-    tui: TuiRunner, embedder: GatedEmbedder, cru_bin: str, kiln: Path
+    tui: TuiRunner, embedder: GatedEmbedder, cru_bin: str, kiln: Path, end: str
 ) -> None:
     embedder.open()
     screen = tui.open(None, cols=120)
@@ -123,12 +124,23 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
             embedder.allow(1)
             if shows_within(screen, lambda: others() > 0, 5):
                 break
-        assert 0 < others() < 100 and embedder.answered < 2 * groups, status(screen)
-        embedder.open()
-        _, err = other.communicate(timeout=120)
-        assert other.returncode == 0, err
+        left_at = others()
+        assert 0 < left_at < 100 and embedder.answered < 2 * groups, status(screen)
+        if end == "done":
+            embedder.open()
+            _, err = other.communicate(timeout=120)
+            assert other.returncode == 0, err
+        else:
+            # Stopped midway: the session builds the rest itself, from where it was left.
+            other.kill()
+            other.wait()
+            asked = embedder.requests
+            screen.wait_for(lambda _s: (percent(screen) or 0) >= left_at and others() == -1, timeout=30)
+            embedder.open()
         # Done: the bar no longer speaks of the index.
-        screen.wait_for(lambda _s: "index" not in status(screen), timeout=30)
+        screen.wait_for(lambda _s: "index" not in status(screen), timeout=60)
+        if end != "done":
+            assert embedder.requests - asked < groups  # what the other wrote was not embedded again
     finally:
         if other.poll() is None:
             other.kill()
