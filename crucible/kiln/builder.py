@@ -56,6 +56,9 @@ NOTIFY_EVERY = 0.5
 # Once built, how often the index looks whether another process (`cru kiln index` in another
 # terminal) is updating it: one open and flock of the lock file.
 FOLLOW_EVERY = 1.0
+# Another process's update of fewer notes than this (a note saved while two sessions serve the
+# kiln) takes a second or so: it is not shown, nor finished here if it stops.
+FOLLOW_MIN_NOTES = 50
 
 Phase = Literal["starting", "opening", "waiting", "embedding", "ready", "failed", "stopped"]
 
@@ -350,24 +353,29 @@ class BackgroundIndex:
         incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest."""
         from crucible.kiln.index import build_status
 
-        others = False
+        busy = shown = False
         while not self._stop.wait(FOLLOW_EVERY):
             try:
                 status = build_status(self.root)
                 if status is not None and (status.get("pid") == os.getpid() or self._index.writing_here()):
                     status = None  # this process's own update (the watcher's changed notes)
                 if status is not None:
-                    others = True
+                    busy = True
+                    total = status.get("notes_total")
+                    shown = shown or (isinstance(total, int) and total >= FOLLOW_MIN_NOTES)
                     embedded = _status_share(status, self._state.embedded)
-                    if (self._state.phase, self._state.embedded) != ("waiting", embedded):
+                    if shown and (self._state.phase, self._state.embedded) != ("waiting", embedded):
                         self._waiting(status)
-                elif others:
-                    others = False
+                elif busy:
+                    busy = False
                     self._index.reading(lambda: None)  # open the store again: it was rewritten
+                    self._index.update_paths([])  # the notes changed here meanwhile (they waited)
                     share, notes = self.share()
-                    if share < 1.0:
+                    if shown and share < 1.0:
                         return True
-                    self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+                    if shown or self._state.phase != "ready":
+                        self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+                    shown = False
             except Exception as exc:  # a look that failed says nothing of the index: look again
                 log.debug("following other processes' updates failed: %s", exc)
         return False

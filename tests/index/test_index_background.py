@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 import crucible.kiln.index as index_module
-from crucible.config import Config
+from crucible.config import Config, EmbedderConfig
 from crucible.errors import CrucibleError
 from crucible.kiln.builder import BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
@@ -32,6 +33,9 @@ from crucible.kiln.search import hybrid_search
 from crucible.kiln.store import StaleViewError
 from crucible.kiln_mcp import CrucibleKilnBackend, _message
 from mcp_bridge.kiln_api import IndexShare
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+from gated_embedder import GatedEmbedder  # noqa: E402
 
 TOPICS = ["harbour", "glacier", "violin", "compiler", "orchard", "falcon", "lantern", "quarry"]
 
@@ -467,6 +471,62 @@ async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     assert not failed, failed[:3]
     assert len(found) > 10  # searched while the other process rebuilt
     assert found[-3:] == ["batch-02/note-0123.md"] * 3
+
+
+def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwhile_follow(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two sessions on a kiln: a note saved re-indexes in one (here `cru kiln index`), and the
+    other's status bar must not flash `indexing 99% (another cru)` for it. A note this session
+    changed meanwhile waited for the other's lock: it is embedded when the other is done."""
+    root = tmp_path / "kiln"
+    notes = many_notes(60)
+    write_notes(root, notes)
+    with GatedEmbedder() as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        config = Config(embedder=EmbedderConfig(provider="openai", model="gated", url=embedder.url,
+                                                batch_size=32))
+        background = BackgroundIndex(root, config, mode="thread")
+        phases: list[str] = []
+        background.subscribe(lambda state: phases.append(state.phase))
+        background.start()
+        other: subprocess.Popen[str] | None = None
+        try:
+            deadline = time.monotonic() + 60
+            while background.state().phase != "ready":
+                assert time.monotonic() < deadline and background.state().phase != "failed", background.state()
+                time.sleep(0.05)
+            index = background.open_index()
+            assert index.embedded_share() == (60, 60)
+            phases.clear()
+            embedder.shut()  # the other's embedding waits at the gate while this one looks
+            changed = sorted(notes)[:3]
+            for rel in changed:
+                (root / rel).write_text(notes[rel] + "\nEdited elsewhere.\n")
+            other = subprocess.Popen([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            while not (build_status(root) or {}).get("notes_total"):
+                assert other.poll() is None and time.monotonic() < deadline + 60, other.stderr
+                time.sleep(0.05)
+            assert build_status(root)["notes_total"] == 3  # type: ignore[index]
+            mine = sorted(notes)[10]
+            (root / mine).write_text(notes[mine] + "\nEdited here.\n")
+            assert index.update_paths([mine]).notes_indexed == 0  # the other holds the lock
+            time.sleep(3 * 1.0)  # the session looked at least twice (FOLLOW_EVERY) meanwhile
+            embedder.open()
+            _, err = other.communicate(timeout=60)
+            assert other.returncode == 0, err
+            deadline = time.monotonic() + 30
+            while index.embedded_share() != (60, 60):
+                assert time.monotonic() < deadline, index.embedded_share()
+                time.sleep(0.1)
+            assert "waiting" not in phases and background.state().phase == "ready", phases
+        finally:
+            if other is not None and other.poll() is None:
+                other.kill()
+                other.wait()
+            background.close()
 
 
 def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -> None:
