@@ -230,6 +230,67 @@ def _tree_rss(root_pid: int) -> int:
     return total
 
 
+def _code_of(base: Path, ref: str) -> tuple[str, Path]:
+    """(short commit, folder) of git `ref`'s packages, extracted once under `base`."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    folder = base / f"code-{commit}"
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "crucible", "acp_host", "mcp_bridge"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return commit, folder
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def idle_against(base: Path, ref: str, rounds: int, seconds: float) -> None:
+    """`cru mcp` (this code, and git `ref`'s) on the sample kiln, embedded: once its index is
+    ready, the CPU it spends over `seconds` with nothing asked (a session left open all day),
+    alternated, same run."""
+    import statistics
+
+    import trio
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    code = {"this": REPO, ref: _code_of(base, ref)[1]}
+    kiln = base / "idle-against"
+    sync_kiln(SHARED_KILN, kiln)
+    subprocess.run([sys.executable, "-c", FIRST_ANSWER, "kiln", "index", "--kiln", str(kiln)], check=True,
+                   cwd=str(base), capture_output=True)
+
+    async def once(pythonpath: Path) -> float:
+        env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+        params = StdioServerParameters(command=sys.executable, args=["-c", FIRST_ANSWER, "mcp", "--kiln", str(kiln)],
+                                       env=env, cwd=str(base))
+        async with Client(params, mode="legacy") as c:
+            while True:
+                r = await c.call_tool("get_kiln_stats", {})
+                if (r.structured_content or {}).get("index", {}).get("phase") == "ready":
+                    break
+                await trio.sleep(0.2)
+            await trio.sleep(2)  # the query model's background load, if any, ends
+            pid = next(p for p, cmd in _commands() if b"mcp" in cmd and str(kiln).encode() in cmd
+                       and FIRST_ANSWER.encode() in cmd)
+            before = _cpu_seconds(pid)
+            await trio.sleep(seconds)
+            return _cpu_seconds(pid) - before
+
+    spent: dict[str, list[float]] = {name: [] for name in code}
+    for _ in range(rounds):
+        for name, path in code.items():
+            spent[name].append(trio.run(once, path))
+    print(f"cru mcp idle on the sample kiln, index ready: CPU seconds over {seconds:.0f} s "
+          f"({rounds} rounds, alternated):")
+    for name, xs in spent.items():
+        print(f"  {name:10s} median {statistics.median(xs):.3f}  ({' '.join(f'{x:.3f}' for x in xs)})")
+
+
 def _commands() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, argv) of every process (from /proc)."""
     for entry in os.listdir("/proc"):
@@ -408,14 +469,7 @@ def first_answer_against(base: Path, notes: int, ref: str, rounds: int, second_s
     src = base / f"generated-{notes}"
     if not src.is_dir():
         generate_kiln(src, notes)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    code = {"this": REPO, ref: base / f"code-{commit}"}
-    if not code[ref].is_dir():
-        code[ref].mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "crucible", "acp_host", "mcp_bridge"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(code[ref])], input=archive, check=True)
+    code = {"this": REPO, ref: _code_of(base, ref)[1]}
     kiln = base / "first-answer-against"
 
     async def once(pythonpath: Path) -> float:
@@ -673,6 +727,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--first-answer-against: rounds")
     ap.add_argument("--second-start", action="store_true",
                     help="--first-answer-against: on a kiln that code indexed a little before")
+    ap.add_argument("--idle-against", metavar="REF",
+                    help="cru mcp's CPU while idle with its index ready, this code vs git REF (--rounds, --seconds)")
     ap.add_argument("--first-answer-indexed", type=int, metavar="ROUNDS",
                     help="cru mcp on the embedded sample kiln -> first answer, graph built vs cached")
     ap.add_argument("--embedder-model", help="--compare-old: embed with this model (e.g. all-MiniLM-L6-v2-int8)")
@@ -690,6 +746,11 @@ def main() -> int:
     args.notes = args.notes or 10_000
     if args.first_answer_indexed:
         first_answer_indexed(args.first_answer_indexed)
+        return 0
+    if args.idle_against:
+        base = cache_dir() / "sessions"
+        base.mkdir(parents=True, exist_ok=True)
+        idle_against(base, args.idle_against, args.rounds, args.seconds)
         return 0
     if args.first_answer_against:
         base = cache_dir() / "sessions"
