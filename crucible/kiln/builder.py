@@ -351,7 +351,7 @@ class BackgroundIndex:
         --rebuild` in another terminal) shows as `waiting` with its progress, as when it held
         the lock at start, and the share it left when it is done. True when it left the index
         incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest."""
-        from crucible.kiln.index import build_status
+        from crucible.kiln.index import build_status  # with chromadb: loaded by now, not at import
 
         busy = shown = False
         while not self._stop.wait(FOLLOW_EVERY):
