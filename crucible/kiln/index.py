@@ -169,6 +169,10 @@ class WriterLock:
                 )
             time.sleep(0.5)
         self._handle = handle
+        try:  # a holder killed before its release left its status: it is not this one's
+            (self.root / STATUS_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def publish(self, status: dict[str, Any], *, force: bool = False) -> None:
         now = time.monotonic()

@@ -207,6 +207,14 @@ def test_kill_9_midway_then_a_restart_embeds_only_what_was_missing(
         proc.kill()
         proc.wait(30)
         proc.stderr.close()
+    # The lock died with its holder; its status file did not, and is not the next holder's.
+    assert status.exists() and build_status(root) is None
+    lock = index_module.WriterLock(root)
+    lock.acquire()
+    try:
+        assert build_status(root) == {}
+    finally:
+        lock.release()
 
     ix = KilnIndex.open(root, Config())
     stored = ix.count_chunks()
