@@ -5,12 +5,23 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_KILN = REPO_ROOT.parent / "shared" / "kilns" / "crucible-docs"
+
+
+@pytest.fixture(autouse=True)
+def _no_secrets_from_other_tests() -> Iterator[None]:
+    """The secrets a test's config or session remembered (process-wide, as in `cru`) end with
+    it: a `{env:K}` of "secret" loaded by one test masked "secret" inside another's text."""
+    from crucible.redaction import forget_all
+
+    yield
+    forget_all()
 
 
 @pytest.fixture(scope="session")
