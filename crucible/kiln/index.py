@@ -459,7 +459,9 @@ class KilnIndex:
             if reason:
                 self._reset()
                 report.rebuilt = reason
-            paths = list(iter_markdown(self.root))
+            unfollowed: list[tuple[str, str]] = []
+            paths = list(iter_markdown(self.root, unfollowed=unfollowed))
+            report.skipped.extend(unfollowed)
             self._refresh_lexical(None)
             self._update(paths, report, progress, full=True, stop=stop)
             self._drain_queue(report, stop)

@@ -120,7 +120,7 @@ def resolve_in_kiln(
             inside = Path(rel).resolve()
             if _inside(root, inside) and inside != root:
                 hint = f"use {inside.relative_to(root).as_posix()!r}"
-        except (OSError, ValueError):
+        except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop
             pass
         # The absolute path itself is not echoed: it may name the person's home folder.
         raise KilnPathError("absolute paths are not allowed; paths are relative to the kiln",
@@ -222,18 +222,27 @@ def swapped_error(rel: str) -> KilnPathError:
 def to_rel(root: Path, path: Path) -> str:
     """The kiln-relative posix path of `path` (which must be inside the kiln)."""
     root_r = root.resolve()
-    for base, p in ((root, path), (root_r, path), (root_r, path.resolve())):
+    for base, p in ((root, path), (root_r, path), (root_r, None)):
         try:
-            rel = p.relative_to(base)
-        except ValueError:
+            rel = (p or path.resolve()).relative_to(base)
+        except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop
             continue
         return rel.as_posix() if rel.parts else ""
     raise KilnPathError("the path is outside the kiln")
 
 
-def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
+# Why a link in the kiln is not listed (`unfollowed` of iter_markdown: `cru kiln index` says so).
+LINKED_FOLDER = "a link to a folder: not followed (move the folder into the kiln, or link its notes one by one)"
+LINK_OUTSIDE = "a link to a file outside the kiln: not followed (the kiln's tools stay inside it)"
+LINK_BROKEN = "a link to nothing: its target is gone"
+LINK_LOOP = "a link that leads back to itself"
+
+
+def _walk(root: Path, start: Path, want_md: bool,
+          unfollowed: list[tuple[str, str]] | None = None) -> Iterator[str]:
     """Yield kiln-relative paths under `start` (unsorted). Symlinked folders are not followed
-    (no loops, no duplicates); a symlinked file counts only if it resolves inside the kiln."""
+    (no loops, no duplicates); a symlinked file counts only if it resolves inside the kiln.
+    `unfollowed` (for notes): gets (path, why) of each such link not listed."""
     prefix = str(root).rstrip("/") + "/"  # entries' paths start with it (strings: pathlib was slow)
     stack: list[str | Path] = [start]
     while stack:
@@ -250,11 +259,27 @@ def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                     continue
+                if unfollowed is not None and entry.is_symlink():
+                    try:
+                        linked_folder = entry.is_dir()
+                    except OSError:  # a loop: the checks below say so (of a note)
+                        linked_folder = False
+                    if linked_folder:
+                        unfollowed.append((entry.path[len(prefix):] + "/", LINKED_FOLDER))
+                        continue
                 if want_md and not name.lower().endswith(".md"):
                     continue
                 if entry.is_symlink():
-                    target = Path(entry.path).resolve()
+                    try:
+                        target = Path(entry.path).resolve()
+                    except RuntimeError:  # a loop: Python 3.11 raises this, not an OSError
+                        if unfollowed is not None:
+                            unfollowed.append((entry.path[len(prefix):], LINK_LOOP))
+                        continue
                     if not _inside(root, target) or not target.is_file():
+                        if unfollowed is not None:
+                            why = LINK_BROKEN if not target.exists() else LINK_OUTSIDE
+                            unfollowed.append((entry.path[len(prefix):], why))
                         continue
                     inner = target.relative_to(root).parts
                     if _is_reserved(inner) or _protected(inner) is not None:
@@ -266,8 +291,10 @@ def _walk(root: Path, start: Path, want_md: bool) -> Iterator[str]:
             yield entry.path[len(prefix):]
 
 
-def iter_markdown(root: Path, folder: str = "") -> Iterator[str]:
-    """Sorted kiln-relative paths of the `.md` notes under `folder` (default: the whole kiln)."""
+def iter_markdown(root: Path, folder: str = "", unfollowed: list[tuple[str, str]] | None = None) -> Iterator[str]:
+    """Sorted kiln-relative paths of the `.md` notes under `folder` (default: the whole kiln).
+    `unfollowed`: gets (path, why) of the links in it that are not listed (a linked folder, a
+    note linked from outside the kiln, a broken link), once the listing is read."""
     root = root.resolve()
     rel = normalize_folder(folder)
     start = resolve_in_kiln(root, rel, must_exist=True) if rel else root
@@ -278,7 +305,10 @@ def iter_markdown(root: Path, folder: str = "") -> Iterator[str]:
         for sub in sorted(_walk(start, start, want_md=True)):
             yield f"{rel}/{sub}"
         return
-    yield from sorted(_walk(root, start, want_md=True))
+    found: list[tuple[str, str]] | None = [] if unfollowed is not None else None
+    yield from sorted(_walk(root, start, want_md=True, unfollowed=found))
+    if unfollowed is not None and found:
+        unfollowed.extend(sorted(found))
 
 
 def iter_files(root: Path) -> Iterator[str]:

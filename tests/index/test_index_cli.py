@@ -62,6 +62,30 @@ def test_index_then_search_finds_the_paraphrased_note(
     assert "indexed with problems (1):\n  Scratch/Broken frontmatter.md: frontmatter" in again.stdout
 
 
+def test_index_says_which_linked_notes_it_did_not_follow(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "Far.md").write_text("# Far\n\nA note kept outside the kiln.\n")
+    (tiny_kiln / "Far.md").symlink_to(outside / "Far.md")
+    (tiny_kiln / "Elsewhere").symlink_to(outside, target_is_directory=True)
+    (tiny_kiln / "Loop.md").symlink_to("Loop.md")
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["notes_indexed"] == 3
+    assert [(s["path"], s["reason"].split(":")[0]) for s in report["skipped"]] == [
+        ("Elsewhere/", "a link to a folder"), ("Far.md", "a link to a file outside the kiln"),
+        ("Loop.md", "a link that leads back to itself")]
+    assert str(tmp_path) not in done.stdout + done.stderr
+    text = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert text.returncode == 0, text.stderr
+    assert "skipped (3):\n  Elsewhere/: a link to a folder: not followed (move the folder into the kiln" in text.stdout
+    found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
+    assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+
+
 def test_search_without_index_and_damaged_index(
     cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
 ) -> None:

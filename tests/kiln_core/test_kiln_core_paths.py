@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 from crucible.kiln.paths import (
+    LINK_BROKEN,
+    LINK_LOOP,
+    LINK_OUTSIDE,
+    LINKED_FOLDER,
     RESERVED_DIR,
     KilnNotFoundError,
     KilnPathError,
@@ -200,3 +204,29 @@ def test_fixture_kiln_listing(fixture_kiln_src: Path) -> None:
     assert "attachments/diagram.txt" not in notes
     assert "attachments/diagram.txt" in list(iter_files(fixture_kiln_src))
     assert notes == sorted(notes)
+
+
+def test_iter_markdown_says_which_links_it_did_not_follow(kiln: Path, tmp_path: Path) -> None:
+    """A link it does not follow is not a note lost in silence: `cru kiln index` says why. A
+    link to itself (which Python 3.11 raises RuntimeError for, not OSError) broke every listing."""
+    outside = tmp_path / "out.md"
+    outside.write_text("outside")
+    (kiln / "link-out.md").symlink_to(outside)
+    (kiln / "link-in.md").symlink_to("top.md")
+    (kiln / "dirlink").symlink_to(kiln / "a", target_is_directory=True)
+    (kiln / "a" / "loop.md").symlink_to("loop.md")
+    (kiln / "gone.md").symlink_to("nothing.md")
+    (kiln / "loop.txt").symlink_to("loop.txt")  # not a note: listed by iter_files, and not followed
+    notes = ["a/Upper.MD", "a/b/deep.md", "link-in.md", "top.md"]
+    unfollowed: list[tuple[str, str]] = []
+    assert list(iter_markdown(kiln, unfollowed=unfollowed)) == notes
+    assert unfollowed == [("a/loop.md", LINK_LOOP), ("dirlink/", LINKED_FOLDER), ("gone.md", LINK_BROKEN),
+                          ("link-out.md", LINK_OUTSIDE)]
+    assert str(tmp_path) not in repr(unfollowed)
+    assert list(iter_markdown(kiln)) == notes
+    assert list(iter_markdown(kiln, "a")) == ["a/Upper.MD", "a/b/deep.md"]
+    assert "loop.txt" not in list(iter_files(kiln))
+    err = refused(kiln, "a/loop.md")
+    assert "fix or remove the symbolic link" in err.fix
+    refused(kiln, str(kiln / "a" / "loop.md"))  # an absolute path through the loop: refused, not a crash
+    assert to_rel(kiln, kiln / "a" / "loop.md") == "a/loop.md"
