@@ -144,8 +144,9 @@ def resolve_in_kiln(
     try:
         resolved = candidate.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop
-        raise KilnPathError(f"{_show(rel)}: cannot be resolved ({type(e).__name__})",
-                            fix="fix or remove the symbolic link", rel=rel) from e
+        loop = isinstance(e, RuntimeError) or getattr(e, "errno", None) == errno.ELOOP
+        why = "a symbolic link in it leads back to itself" if loop else f"cannot be resolved ({type(e).__name__})"
+        raise KilnPathError(f"{_show(rel)}: {why}", fix="fix or remove the symbolic link", rel=rel) from e
     if not _inside(root, resolved):
         raise KilnPathError(f"{_show(rel)}: leads outside the kiln through a symbolic link",
                             fix="only notes inside the kiln can be used", rel=rel)
