@@ -226,8 +226,10 @@ class BackgroundIndex:
 
     def _set(self, force: bool = False, **changes: Any) -> None:
         with self._state_lock:
-            self._state = replace(self._state, **changes)
-            state = self._state
+            state = replace(self._state, **changes)
+            if state == self._state:
+                return  # nothing new to tell (a wait or a follow looks again and again)
+            self._state = state
             now = time.monotonic()
             if not force and state.phase == "embedding" and now - self._notified < NOTIFY_EVERY:
                 # Held back, not dropped: sent when the interval is over unless a newer one
@@ -363,8 +365,7 @@ class BackgroundIndex:
                     busy = True
                     total = status.get("notes_total")
                     shown = shown or (isinstance(total, int) and total >= FOLLOW_MIN_NOTES)
-                    embedded = _status_share(status, self._state.embedded)
-                    if shown and (self._state.phase, self._state.embedded) != ("waiting", embedded):
+                    if shown:
                         self._waiting(status)
                 elif busy:
                     busy = False

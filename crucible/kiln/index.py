@@ -608,18 +608,20 @@ class KilnIndex:
         notes_done = notes_known = chunks_done = chunks_known = 0
         last_generation = time.monotonic()
 
+        def publish(force: bool = False) -> None:
+            self._writer.publish({"notes_done": notes_done, "notes_total": len(todo),
+                                  "chunks_done": chunks_done, "embedded": self._share_now()}, force=force)
+
         def show(path: str | None) -> None:
             estimate = chunks_known + round(chunks_known / max(1, notes_known) * (len(todo) - notes_known))
             p = IndexProgress("embed", notes_done, len(todo), chunks_done, max(estimate, chunks_done), path)
-            self._writer.publish({"notes_done": notes_done, "notes_total": len(todo),
-                                  "chunks_done": chunks_done, "embedded": self._share_now()})
+            publish()
             if progress is not None:
                 progress(p)
 
         # Said before the first embedding, which can take long (a slow embedder, a rebuild's
         # first group): the others show how far this is from the start.
-        self._writer.publish({"notes_done": 0, "notes_total": len(todo), "chunks_done": 0,
-                              "embedded": self._share_now()}, force=True)
+        publish(force=True)
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-index") as pool:
             preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report)
             writing: Future[None] | None = None

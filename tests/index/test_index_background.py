@@ -26,7 +26,7 @@ from mcp.client.stdio import StdioServerParameters
 import crucible.kiln.index as index_module
 from crucible.config import Config, EmbedderConfig
 from crucible.errors import CrucibleError
-from crucible.kiln.builder import BackgroundIndex
+from crucible.kiln.builder import FOLLOW_EVERY, BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
 from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.search import hybrid_search
@@ -521,7 +521,7 @@ def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwh
             mine = sorted(notes)[10]
             (root / mine).write_text(notes[mine] + "\nEdited here.\n")
             assert index.update_paths([mine]).notes_indexed == 0  # the other holds the lock
-            time.sleep(3 * 1.0)  # the session looked at least twice (FOLLOW_EVERY) meanwhile
+            time.sleep(3 * FOLLOW_EVERY)  # the session looked at least twice meanwhile
             embedder.open()
             _, err = other.communicate(timeout=60)
             assert other.returncode == 0, err
