@@ -420,14 +420,18 @@ class KilnIndex:
         since its last generation), open the store again and run it once more, then once more
         after a pause; if it still fails while another process is writing or has written since
         this one opened the store, `fallback` answers (the words: a search must not fail
-        because the index is being built). A store that fails so with no other writer is
-        reported (damaged). A `reading` inside another (the embedded notes, read by a hybrid
-        search) is left to the outer one's tries."""
+        because the index is being built). When no process writes any more, once more first:
+        the writer may have ended during the tries (its last generation not seen yet), and a
+        view opened after it reads all it wrote. A store that still fails so with no other
+        writer is reported (damaged). A `reading` inside another (the embedded notes, read by
+        a hybrid search) is left to the outer one's tries."""
         if getattr(self._in_reading, "active", False):
             return read()
         self._in_reading.active = True
         try:
-            for pause in (0.0, 0.0, STALE_RETRY_PAUSE):
+            for attempt, pause in enumerate((0.0, 0.0, STALE_RETRY_PAUSE, 0.0)):
+                if attempt == 3 and build_status(self.root) is not None:
+                    break  # still being written: the words answer
                 if pause:
                     time.sleep(pause)
                 try:

@@ -353,7 +353,7 @@ async def test_cru_mcp_answers_at_once_from_words_with_the_embedded_share(
                 r = await c.call_tool("get_kiln_stats", {})
                 assert r.structured_content is not None
                 index = r.structured_content["index"]
-                if index["opened"]:
+                if index["opened"] and index["phase"] != "opening":  # opened, then its build starts
                     break
                 await trio.sleep(0.1)
         assert index["phase"] == "embedding" and index["embedded"] == 0.0
@@ -548,8 +548,8 @@ def test_a_read_that_fails_again_after_reopening_answers_by_words_only_while_ano
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Unit test of `KilnIndex.reading` (the store's failure is a stand-in here; the real one
-    is driven through cru mcp above): a read is retried once after the store is opened again;
-    failing again it is an error, unless another process holds the writer lock (a build)."""
+    is driven through cru mcp above): a read is retried after the store is opened again;
+    failing still it is an error, unless another process holds the writer lock (a build)."""
     index = KilnIndex.open(tiny_kiln, Config())
     attempts: list[int] = []
 
@@ -560,16 +560,45 @@ def test_a_read_that_fails_again_after_reopening_answers_by_words_only_while_ano
     try:
         with pytest.raises(StaleViewError):
             index.reading(read, fallback=lambda: "by words")
-        assert len(attempts) == 3  # opened again before the second, a pause before the third
+        # opened again before the second, a pause before the third; no process writing: once more
+        assert len(attempts) == 4
         attempts.clear()
         with pytest.raises(StaleViewError):  # a reading inside a reading: the outer one's tries
             index.reading(lambda: index.reading(read))
-        assert len(attempts) == 3  # not 3 x 3
+        assert len(attempts) == 4  # not 4 x 4
+        attempts.clear()
         monkeypatch.setattr(index_module, "build_status", lambda root: {"pid": 12345})
         assert index.reading(read, fallback=lambda: "by words") == "by words"
+        assert len(attempts) == 3  # still being written: no last try
         with pytest.raises(StaleViewError):  # no fallback: the error
             index.reading(read)
     finally:
+        index.close()
+
+
+def test_a_writer_that_ends_during_the_tries_is_not_taken_for_a_damaged_store(tiny_kiln: Path) -> None:
+    """The race CI met in `cru mcp` at the end of a first build: the index worker wrote its last
+    generation and let go of the lock while a search's tries failed (the store's failure is a
+    stand-in here). No process writes by the end of the tries, but one did during them: the
+    search answers by words, not "damaged, run the rebuild"; and the next read goes through."""
+    index = KilnIndex.open(tiny_kiln, Config())
+    other = KilnIndex.open(tiny_kiln, Config())  # the worker: another client of the same store
+    attempts: list[int] = []
+
+    def read() -> str:
+        attempts.append(1)
+        if len(attempts) == 3:
+            other.update()  # the worker's writes and last generation, then its lock is free
+        raise StaleViewError("the index in .crucible/chroma is damaged or unreadable while reading it "
+                             "(InternalError: Error executing plan: Internal error: Error finding id)",
+                             "cru kiln index --rebuild")
+
+    try:
+        assert index.reading(read, fallback=lambda: "by words") == "by words"
+        assert len(attempts) == 4  # the last try saw the new generation through a view opened anew
+        assert index.reading(lambda: index.count_notes()) == 3
+    finally:
+        other.close()
         index.close()
 
 
