@@ -352,17 +352,21 @@ class BackgroundIndex:
         """Until closed (False): another process's update of this kiln (`cru kiln index
         --rebuild` in another terminal) shows as `waiting` with its progress, as when it held
         the lock at start, and the share it left when it is done. True when it left the index
-        incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest."""
+        incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest. An update
+        too small to show is finished too when it left less embedded than before it (a
+        `--rebuild` of a small kiln stopped midway)."""
         from crucible.kiln.index import build_status  # with chromadb: loaded by now, not at import
 
         busy = shown = False
+        before = 1.0  # the share embedded when the other's update began
         while not self._stop.wait(FOLLOW_EVERY):
             try:
                 status = build_status(self.root)
                 if status is not None and (status.get("pid") == os.getpid() or self._index.writing_here()):
                     status = None  # this process's own update (the watcher's changed notes)
                 if status is not None:
-                    busy = True
+                    if not busy:
+                        busy, before = True, self._state.embedded
                     total = status.get("notes_total")
                     shown = shown or (isinstance(total, int) and total >= FOLLOW_MIN_NOTES)
                     if shown:
@@ -372,7 +376,7 @@ class BackgroundIndex:
                     self._index.reading(lambda: None)  # open the store again: it was rewritten
                     self._index.update_paths([])  # the notes changed here meanwhile (they waited)
                     share, notes = self.share()
-                    if shown and share < 1.0:
+                    if share < 1.0 and (shown or share < before):
                         return True
                     if shown or self._state.phase != "ready":
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)

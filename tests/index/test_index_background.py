@@ -537,6 +537,55 @@ def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwh
             background.close()
 
 
+def test_a_small_kilns_rebuild_killed_midway_in_another_process_is_finished_by_the_session(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`cru kiln index --rebuild` on a kiln too small to show in the session's bar, killed with
+    kill -9 after it emptied the store: the session, which had the whole kiln embedded, builds
+    it again rather than searching a near-empty index until its next start."""
+    root = tmp_path / "kiln"
+    notes = many_notes(20)
+    write_notes(root, notes)
+    with GatedEmbedder() as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        config = Config(embedder=EmbedderConfig(provider="openai", model="gated", url=embedder.url,
+                                                batch_size=32))
+        background = BackgroundIndex(root, config, mode="thread")
+        background.start()
+        other: subprocess.Popen[str] | None = None
+        try:
+            deadline = time.monotonic() + 60
+            while background.state().phase != "ready":
+                assert time.monotonic() < deadline and background.state().phase != "failed", background.state()
+                time.sleep(0.05)
+            index = background.open_index()
+            assert index.embedded_share() == (20, 20)
+            embedder.shut()  # the rebuild empties the store, then waits at the gate
+            asked = embedder.requests
+            other = subprocess.Popen([cru_bin, "kiln", "index", "--rebuild", "--kiln", str(root)],
+                                     env=clean_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+            while embedder.requests == asked:
+                assert other.poll() is None and time.monotonic() < deadline + 60, other.stderr
+                time.sleep(0.05)
+            time.sleep(2 * FOLLOW_EVERY)  # the session saw it (too small to show)
+            other.kill()
+            other.wait()
+            assert index.reading(index.count_notes) == 0  # what the rebuild left: nothing
+            embedder.open()
+            deadline = time.monotonic() + 30
+            while index.reading(index.count_notes) != 20 or background.state().phase != "ready":
+                assert time.monotonic() < deadline, (index.embedded_share(), background.state())
+                time.sleep(0.1)
+            assert index.embedded_share() == (20, 20) and background.state().embedded == 1.0
+        finally:
+            if other is not None and other.poll() is None:
+                other.kill()
+                other.wait()
+            background.close()
+
+
 def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -> None:
     assert _message(CrucibleError("the index is damaged", "cru kiln index --rebuild")) == (
         "the index is damaged. Run `cru kiln index --rebuild`.")
