@@ -328,9 +328,9 @@ class BackgroundIndex:
         self._set(phase="failed", problem=exc.message, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
-        pid = (status or {}).get("pid")
-        other = f"another cru (pid {pid})" if isinstance(pid, int) else "another cru"
-        self._set(phase="waiting", problem=f"{other} is updating the index",
+        from crucible.kiln.index import other_cru  # with chromadb: loaded by now, not at import
+
+        self._set(phase="waiting", problem=f"{other_cru(status)} is updating the index",
                   embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
 
@@ -362,7 +362,8 @@ class BackgroundIndex:
         while not self._stop.wait(FOLLOW_EVERY):
             try:
                 status = build_status(self.root)
-                if status is not None and (status.get("pid") == os.getpid() or self._index.writing_here()):
+                if status is not None and (os.getpid() in (status.get("pid"), status.get("cru"))
+                                           or self._index.writing_here()):
                     status = None  # this process's own update (the watcher's changed notes)
                 if status is not None:
                     if not busy:
@@ -485,6 +486,7 @@ def _worker_main(argv: list[str]) -> int:
 
     try:
         index = KilnIndex.open(args.kiln, config)
+        index.working_for(os.getppid())
         last = 0.0
 
         def progress(_: Any) -> None:

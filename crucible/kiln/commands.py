@@ -17,7 +17,14 @@ from typing import Any
 
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
-from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex, build_status
+from crucible.kiln.index import (
+    STORE_DIR,
+    IndexProgress,
+    IndexReport,
+    KilnIndex,
+    build_status,
+    other_cru,
+)
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import kiln_sizes
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
@@ -64,7 +71,7 @@ def _progress_bar() -> Iterator[Shows]:
         def waiting(status: dict[str, Any] | None) -> bool:
             """Another cru holds the writer lock: show its progress until it is done."""
             status = status or {}
-            label = f"waiting for another cru (pid {status.get('pid', '?')})"
+            label = f"waiting for {other_cru(status)}"
             c = counters.get("wait") or counters.setdefault(
                 "wait", pb(label=label, total=int(status.get("notes_total") or 0) or None))
             if status.get("notes_total"):
@@ -128,7 +135,7 @@ def _progress_lines() -> Iterator[Shows]:
             status = status or {}
             done = (f": {status['notes_done']}/{status['notes_total']} notes"
                     if status.get("notes_total") else "")
-            print(f"index: waiting for another cru (pid {status.get('pid', '?')}) that is updating "
+            print(f"index: waiting for {other_cru(status)} that is updating "
                   f"this kiln's index{done}", file=sys.stderr, flush=True)
         return True
 
@@ -278,7 +285,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         if building is not None:
             done = (f": {building['notes_done']}/{building['notes_total']} notes"
                     if building.get("notes_total") else "")
-            print(f"  being updated now by another cru (pid {building.get('pid', '?')}){done}")
+            print(f"  being updated now by {other_cru(building)}{done}")
         if index_info["stale"]:
             stale = index_info["stale"]
             print(f"  {stale} {'note is' if stale == 1 else 'notes are'} not up to date in the index (new, "

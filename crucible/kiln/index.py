@@ -70,7 +70,7 @@ STALE_RETRY_PAUSE = 0.2
 
 __all__ = [
     "LOCK_FILE", "REBUILD", "STATUS_FILE", "STORE_DIR", "IndexProgress", "IndexReport",
-    "IndexStatus", "KilnIndex", "WriterLock", "build_status",
+    "IndexStatus", "KilnIndex", "WriterLock", "build_status", "other_cru",
 ]
 
 
@@ -136,14 +136,24 @@ class IndexBusyError(IndexUnusableError):
     """Another process holds the writer lock."""
 
 
+def other_cru(status: dict[str, Any] | None) -> str:
+    """Who holds the writer lock, as the person can find it: the `cru` the update is for (a
+    session's index worker is its child; its own pid would say nothing)."""
+    status = status or {}
+    pid = status.get("cru", status.get("pid"))
+    return f"another cru (pid {pid})" if isinstance(pid, int) and not isinstance(pid, bool) else "another cru"
+
+
 class WriterLock:
     """The kiln's writer lock (flock on .crucible/index.lock), and the status file its holder
-    keeps (.crucible/index-build.json: pid and progress) for the processes waiting on it."""
+    keeps (.crucible/index-build.json: pid, the cru it works for, and progress) for the
+    processes waiting on it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._handle: IO[str] | None = None
         self._published = 0.0
+        self.cru_pid = os.getpid()  # the index worker: its session's cru (see KilnIndex.working_for)
 
     def acquire(self, wait: WaitFn | None = None) -> None:
         """Take the lock. Held by another process: without `wait`, an IndexUnusableError;
@@ -180,7 +190,7 @@ class WriterLock:
             return
         self._published = now
         try:
-            atomic_write_text(self.root / STATUS_FILE, json.dumps({"pid": os.getpid(), **status}),
+            atomic_write_text(self.root / STATUS_FILE, json.dumps({"pid": os.getpid(), "cru": self.cru_pid, **status}),
                               new_file_mode=FILE_MODE)
         except OSError:
             pass  # a read-only .crucible: the others just see no progress
@@ -365,6 +375,11 @@ class KilnIndex:
             notes=len(manifest), chunks=self.count_chunks(), stale=stale,
             needs_rebuild=self.needs_rebuild,
         )
+
+    def working_for(self, cru_pid: int) -> None:
+        """This process updates the index for another `cru` (its index worker): the others
+        are told that one's pid."""
+        self._writer.cru_pid = cru_pid
 
     def writing_here(self) -> bool:
         """An update of this process holds the kiln's writer lock."""

@@ -383,13 +383,20 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         index = json.loads(info.stdout)["index"]
         assert index["building"]["pid"] != os.getpid() and index["building"]["notes_total"] == notes
         assert 0.0 <= index["embedded"] < 1.0
+        # the pid shown is the session's cru (the writer is its index worker, a child)
+        session = index["building"]["cru"]
+        assert session != index["building"]["pid"]
+        assert b"mcp" in Path(f"/proc/{session}/cmdline").read_bytes().split(b"\0")
+        text = await trio.run_process([cru_bin, "kiln", "info", "--kiln", str(root)], env=clean_env,
+                                      capture_stdout=True, capture_stderr=True, check=False)
+        assert f"being updated now by another cru (pid {session})" in text.stdout.decode()
         # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
         other = await trio.run_process(
             [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
             capture_stdout=True, capture_stderr=True, check=False)
         err = other.stderr.decode()
         assert other.returncode == 0, err
-        assert "waiting for another cru (pid" in err and "locked" not in err
+        assert f"waiting for another cru (pid {session})" in err and "locked" not in err
         assert json.loads(other.stdout)["notes_seen"] == notes
         # the session searched throughout and ends with the whole kiln embedded
         with trio.fail_after(120):
