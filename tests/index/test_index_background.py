@@ -386,7 +386,7 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         # the pid shown is the session's cru (the writer is its index worker, a child)
         session = index["building"]["cru"]
         assert session != index["building"]["pid"]
-        assert b"mcp" in Path(f"/proc/{session}/cmdline").read_bytes().split(b"\0")
+        assert b"mcp" in (await trio.Path(f"/proc/{session}/cmdline").read_bytes()).split(b"\0")
         text = await trio.run_process([cru_bin, "kiln", "info", "--kiln", str(root)], env=clean_env,
                                       capture_stdout=True, capture_stderr=True, check=False)
         assert f"being updated now by another cru (pid {session})" in text.stdout.decode()
