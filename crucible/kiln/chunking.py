@@ -135,10 +135,18 @@ def _pack(section: _Section, max_chars: int) -> list[tuple[int, str]]:
     return pieces
 
 
-def chunk_note(note: Note, max_chars: int = 1500) -> list[Chunk]:
+# The most chunks of one note's body that are embedded. A note's size is capped (notes.py), but
+# not its headings: a 2 MB note of "# h1\nx\n" sections made 200,000 chunks, hours of embedding
+# and GBs of vectors from one file. 1,000 chunks hold ~1.5 MB of prose; the rest of such a
+# note is found by its words (the lexical index reads all of it).
+MAX_CHUNKS = 1000
+
+
+def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) -> list[Chunk]:
     """Chunks of the note's body by heading section; a long section is cut at paragraphs.
 
     A note whose body has no text gets one chunk holding its title, so it can still be found.
+    At most `max_chunks` of the body (then a problem says so in `note.problems`).
     """
     if max_chars < 1:
         raise ValueError("max_chars must be positive")
@@ -149,8 +157,15 @@ def chunk_note(note: Note, max_chars: int = 1500) -> list[Chunk]:
             path = path[1:]  # the H1 that gave the note its title: don't say it twice
         prefix = " > ".join((note.title, *path)) + "\n\n"
         for start, piece in _pack(section, max_chars):
+            if len(chunks) == max_chunks:
+                break
             text = prefix + piece
             chunks.append(Chunk(note.path, len(chunks), section.path, text, start, content_hash(text)))
+        else:
+            continue
+        note.problems.append(f"only its first {max_chunks} sections are searched by meaning (line "
+                             f"{start + 1} on is found by its words)")
+        break
     if not chunks:
         chunks.append(Chunk(note.path, 0, (), note.title, note.body_start_line, content_hash(note.title)))
     about = note_about(note)

@@ -693,11 +693,11 @@ class KilnIndex:
                 if t.entry is not None:
                     gone.append(t.path)
                 continue
+            # A chunk's text starts with "Title > Heading": it is embedded as it is.
+            chunks = chunk_note(note)  # may add a problem: the note has too many sections
             problems = "; ".join(note.problems)
             if problems:
                 report.degraded.append((t.path, problems))
-            # A chunk's text starts with "Title > Heading": it is embedded as it is.
-            chunks = chunk_note(note)
             pending.append(_Pending(
                 note, t.file_hash or note.content_hash, t.stamp, problems, chunks,
                 [c.text for c in chunks], [c.content_hash for c in chunks], [None] * len(chunks), set(),
