@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from crucible.kiln.atomic import content_hash
-from crucible.kiln.notes import Note, code_block_lines
+from crucible.kiln.notes import Note, clip_title, code_block_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,7 +52,7 @@ def _sections(note: Note) -> list[_Section]:
             continue
         while stack and stack[-1][0] >= h.level:
             stack.pop()
-        stack.append((h.level, h.text))
+        stack.append((h.level, clip_title(h.text)))
         # The heading line itself is not repeated in the content: it is in the chunk's prefix.
         sections.append(_Section(tuple(t for _, t in stack), [], base + i + 1))
     return sections

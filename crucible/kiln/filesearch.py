@@ -21,6 +21,7 @@ from crucible.kiln.notes import (
     MAX_NOTE_BYTES,
     Note,
     NoteReadError,
+    clip_title,
     decode_note_bytes,
     parse_note,
     split_frontmatter,
@@ -271,7 +272,7 @@ def _heading_at(note: Note, line: int) -> str | None:
             break
         while stack and stack[-1][0] >= h.level:
             stack.pop()
-        stack.append((h.level, h.text))
+        stack.append((h.level, clip_title(h.text)))
     return " > ".join(t for _, t in stack) or None
 
 

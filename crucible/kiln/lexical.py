@@ -44,6 +44,7 @@ from crucible.kiln.anchors import LinkGraph, LinkTerms, link_key
 from crucible.kiln.notes import (
     MAX_NOTE_BYTES,
     NoteReadError,
+    clip_title,
     decode_note_bytes,
     link_scan,
     split_frontmatter,
@@ -411,7 +412,7 @@ class LexicalIndex:
     def set_note(self, path: str, text: str, stamp: Stamp = (0, 0), *, deferred: bool = False) -> None:
         """Read a note into the index; `resolve_links` then brings the terms of links up to date."""
         fields = note_fields(text, path)
-        self.titles[path] = fields.title
+        self.titles[path] = clip_title(fields.title)
         self.stamps[path] = stamp
         self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
         self._incoming[path] = {}  # its counts are its own words now

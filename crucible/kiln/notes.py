@@ -25,6 +25,16 @@ from crucible.kiln.paths import open_folder, open_in_folder, resolve_in_kiln
 
 MAX_NOTE_BYTES = 10 * 1024 * 1024
 
+# A title or heading as shown and as it prefixes every chunk of its note: a note's own first
+# line may be a megabyte long (a 10 MB note of long headings made 900 MB of chunk text).
+MAX_TITLE_CHARS = 200
+
+
+def clip_title(text: str) -> str:
+    """A title or heading on one line, at most MAX_TITLE_CHARS (cut with "…")."""
+    line = " ".join(text[: MAX_TITLE_CHARS * 4].split())
+    return line if len(line) <= MAX_TITLE_CHARS else line[: MAX_TITLE_CHARS - 1].rstrip() + "…"
+
 
 class NoteReadError(CrucibleError):
     """A note that cannot be read as text; `reason` is short ("binary file", "not UTF-8 text")."""
@@ -410,6 +420,7 @@ def parse_note(text: str, path: str) -> Note:
         title = next((h.text for h in headings if h.level == 1), "")
     if not title:
         title = PurePosixPath(path).stem
+    title = clip_title(title)
 
     return Note(
         path=path,

@@ -106,6 +106,17 @@ def test_a_note_of_thousands_of_headings_is_bounded_and_still_found(
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", "zeppelinfinale")
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["results"][0]["path"] == "Log.md"
+    # a megabyte-long title and headings: one line of at most 200 characters wherever shown
+    (tiny_kiln / "Long.md").write_text("# " + "lengthy " * 100_000 + "\n## " + "deep " * 20_000
+                                       + "\nthe word quasarmarker is here\n")
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
+    for mode in ("hybrid", "semantic", "text"):
+        found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", "--mode", mode,
+                    "quasarmarker" if mode == "text" else "quasarmarker lengthy deep")
+        assert found.returncode == 0, found.stderr
+        hit = json.loads(found.stdout)["results"][0]
+        assert hit["path"] == "Long.md" and len(hit["title"]) == 200, mode
+        assert len(hit["heading"] or "") <= 2 * 200 + 3 and len(found.stdout) < 5000, mode  # H1 > H2
 
 
 def test_search_without_index_and_damaged_index(

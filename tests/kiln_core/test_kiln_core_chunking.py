@@ -146,3 +146,18 @@ def test_about_is_a_lexical_field_too() -> None:
     quoted = note_fields('---\nsummary: "Keep it fed" # why\naliases:\n  - levain\n---\nbody\n', "n.md")
     assert quoted.about.split() == ["Keep", "it", "fed", "-", "levain"]
     assert note_fields("# Plain\n\nNo frontmatter.\n", "p.md").about == ""
+
+
+def test_a_megabyte_title_and_long_headings_do_not_multiply_into_every_chunk() -> None:
+    """A 10 MB note of a 1 MB H1 and long H2s made 900 MB of chunk text (the title and heading
+    path prefix every chunk). Titles and headings are one line of at most 200 characters."""
+    text = "# " + "word " * 200_000 + "\n" + "".join(f"## {'deep ' * 2000}{i}\nx\n" for i in range(50))
+    note = parse_note(text, "Long.md")
+    assert len(note.title) == 200 and note.title.endswith("…") and note.title.startswith("word word")
+    chunks = chunk_note(note)
+    assert len(chunks) == 50
+    assert max(len(c.text) for c in chunks) <= 200 + 3 + 200 + 2 + 1
+    assert all(len(h) <= 200 for c in chunks for h in c.heading_path)
+    multi = parse_note("---\ntitle: |\n  first line\n  second   line\n---\nbody\n", "Multi.md")
+    assert multi.title == "first line second line"
+    assert note_fields(text, "Long.md").title.startswith("word word")  # its words still count
