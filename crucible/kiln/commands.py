@@ -276,7 +276,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if index_info["status"] in ("none", "unusable"):
         print(f"index: {index_info['problem']} (fix: {index_info['fix']})")
     else:
-        print(f"index: {index_info['status']}: {index_info['notes']} notes, {index_info['chunks']} "
+        # While another cru updates it, "stale" is what a build looks like from outside: say so.
+        word = "being updated" if index_info["building"] is not None else index_info["status"]
+        print(f"index: {word}: {index_info['notes']} notes, {index_info['chunks']} "
               f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
         if index_info["embedded"] < 1.0:
             print(f"  embedded: {index_info['embedded']:.0%} of the kiln's notes (the others are found "

@@ -390,6 +390,7 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         text = await trio.run_process([cru_bin, "kiln", "info", "--kiln", str(root)], env=clean_env,
                                       capture_stdout=True, capture_stderr=True, check=False)
         assert f"being updated now by another cru (pid {session})" in text.stdout.decode()
+        assert "\nindex: being updated: " in text.stdout.decode()  # not "stale", while it is built
         # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
         other = await trio.run_process(
             [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
