@@ -72,6 +72,23 @@ def _clean(message: str, root: Path) -> str:
     return line[:300]
 
 
+# Free bytes under which a failed write is put down to a full disk: Chroma's own message for one
+# says nothing of space ("Error in compaction: Failed to apply logs to the metadata segment").
+LOW_SPACE = 64 * 1024 * 1024
+_FULL_SIGNS = ("no space left", "disk is full", "database or disk is full", "quota exceeded")
+
+
+def _disk_full(exc: BaseException, root: Path) -> bool:
+    if any(sign in str(exc).lower() for sign in _FULL_SIGNS):
+        return True
+    where = root / STORE_DIR  # an embedded store's (a server's disk is not this machine's)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE
+
+
 def _is_lock_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "database is locked" in text or "locked" in text and "sqlite" in text
@@ -86,6 +103,11 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
+        if doing != "reading it" and doing != "searching it" and _disk_full(exc, root):
+            raise IndexUnusableError(
+                f"the disk holding the index in {store} is full while {doing} ({reason})",
+                "free some space on that disk, then run `cru kiln index` (what was embedded is kept)",
+            ) from exc
         if any(sign in reason.lower() for sign in _STALE_VIEW_SIGNS):
             raise StaleViewError(
                 f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD

@@ -119,6 +119,59 @@ def test_a_note_of_thousands_of_headings_is_bounded_and_still_found(
         assert len(hit["heading"] or "") <= 2 * 200 + 3 and len(found.stdout) < 5000, mode  # H1 > H2
 
 
+def _mount_namespace() -> list[str] | None:
+    """A command prefix that runs its command in a mount namespace of its own (root, or an
+    unprivileged user namespace), or None where the machine allows neither."""
+    for prefix in (["unshare", "--mount", "--propagation", "private"], ["unshare", "-Urm"]):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return None
+
+
+def test_a_full_disk_says_to_free_space_and_what_was_embedded_is_kept(
+    cru_bin: str, clean_env: dict[str, str], fixture_kiln_src: Path, tmp_path: Path
+) -> None:
+    """The kiln on a disk that fills up during the build (a real 4 MiB tmpfs, in a mount
+    namespace of the test's own): Chroma's error says nothing of space, and the advice was
+    `cru kiln index --rebuild` (which would throw away what was embedded, and needs more room).
+    It says the disk is full and to free space; freed, `cru kiln index` finishes and keeps."""
+    prefix = _mount_namespace()
+    if prefix is None:
+        pytest.skip("no mount namespace here (needs root or unprivileged user namespaces)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = """
+        set -u
+        mount -t tmpfs -o size=4m tmpfs "$DISK" || exit 90
+        cp -r "$SRC" "$DISK/kiln" && rm -rf "$DISK/kiln/.crucible"
+        dd if=/dev/zero of="$DISK/filler" bs=1k count=3300 status=none
+        "$CRU" kiln index --kiln "$DISK/kiln" > "$OUT/first.out" 2> "$OUT/first.err"
+        echo $? > "$OUT/first.rc"
+        rm "$DISK/filler"
+        "$CRU" kiln index --kiln "$DISK/kiln" > "$OUT/second.out" 2> "$OUT/second.err"
+        echo $? > "$OUT/second.rc"
+        "$CRU" kiln search --kiln "$DISK/kiln" --json "sourdough starter" > "$OUT/search.out"
+    """
+    env = {**clean_env, "DISK": str(disk), "SRC": str(fixture_kiln_src), "CRU": cru_bin, "OUT": str(tmp_path)}
+    done = subprocess.run([*prefix, "sh", "-c", run], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == 90:
+        pytest.skip(f"tmpfs cannot be mounted here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    first = (tmp_path / "first.err").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first
+    assert "is full while updating it" in first and "free some space on that disk" in first, first
+    assert "--rebuild" not in first and "damaged" not in first and str(disk) not in first
+    second = (tmp_path / "second.out").read_text()
+    assert (tmp_path / "second.rc").read_text().strip() == "0", (tmp_path / "second.err").read_text()
+    kept = int(second.split(" kept)")[0].rsplit(" ", 1)[1])
+    assert kept > 0, second  # what the full disk let through was kept, not embedded again
+    results = json.loads((tmp_path / "search.out").read_text())["results"]
+    assert results[0]["path"] == "Cooking/Sourdough starter.md"
+
+
 def test_search_without_index_and_damaged_index(
     cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
 ) -> None:
