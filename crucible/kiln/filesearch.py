@@ -26,7 +26,7 @@ from crucible.kiln.notes import (
     parse_note,
     split_frontmatter,
 )
-from crucible.kiln.paths import RESERVED_DIR, iter_markdown, reserved_dir
+from crucible.kiln.paths import RESERVED_DIR, KilnPathError, iter_markdown, reserved_dir
 from crucible.private_files import FILE_MODE
 from mcp_bridge.kiln_api import LineMatch, SearchHit
 
@@ -173,8 +173,8 @@ class _PropertyStore:
             atomic_write_text(self.root / PROPERTIES_FILE, json.dumps(data, ensure_ascii=False),
                               new_file_mode=FILE_MODE)
             self.dirty = False
-        except OSError:
-            pass  # a read-only kiln: parsed again next time
+        except (OSError, KilnPathError):
+            pass  # a read-only kiln, or a linked .crucible (reserved_dir): parsed again next time
 
 
 _stores: dict[Path, _PropertyStore] = {}

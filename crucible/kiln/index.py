@@ -39,7 +39,7 @@ from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
 from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
-from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, iter_markdown, reserved_dir
+from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
 from crucible.kiln.store import (
     REBUILD,
     STORE_DIR,
@@ -803,6 +803,8 @@ class KilnIndex:
             atomic_write_text(lexical_file(self.root, self.name), data, new_file_mode=FILE_MODE)
         except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
             log.warning("could not save the lexical index: %s", exc.strerror or exc)
+        except KilnPathError as exc:  # a linked .crucible: nothing written through it
+            log.warning("could not save the lexical index: %s", exc.message)
 
     # -- reading -----------------------------------------------------------------------------
 

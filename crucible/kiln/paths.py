@@ -31,8 +31,17 @@ SKIP_DIRS = frozenset({".crucible", ".git", ".obsidian", ".trash", "node_modules
 
 def reserved_dir(root: Path) -> Path:
     """The kiln's `.crucible` folder, created (or made) 0700: its index holds the notes' text
-    (chunks, words, properties), which a note in a private folder must not leak to other users."""
+    (chunks, words, properties), which a note in a private folder must not leak to other users.
+    A `.crucible` that is a symbolic link is refused (KilnPathError): a vault from elsewhere
+    could point it anywhere, and Crucible would make that folder 0700, write the notes' text
+    into it, and delete a `chroma` folder there on `--rebuild`."""
     folder = root / RESERVED_DIR
+    if folder.is_symlink():
+        raise KilnPathError(
+            f"the kiln's {RESERVED_DIR} folder is a symbolic link: Crucible keeps the kiln's index "
+            "there and does not write through a link (it may lead out of the kiln)",
+            f"remove the link (`rm {RESERVED_DIR}` in the kiln's folder); Crucible makes the folder again",
+        )
     return private_dir(folder, own_up_to=folder)
 
 

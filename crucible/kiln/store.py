@@ -34,7 +34,8 @@ from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk
 from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder
-from crucible.kiln.paths import STORE_DIR, reserved_dir
+from crucible.kiln.paths import STORE_DIR, KilnPathError, reserved_dir
+from crucible.private_files import private_dir
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
 INDEX_FORMAT = 2  # 2: an 'about' chunk per note (chunking.note_about)
@@ -226,16 +227,14 @@ class ChromaStore:
             if rebuild:
                 _drop_collections(client, name, root, url)
             return cls(root, name, client, embedder, url, None)
-        local = root / STORE_DIR
+        local = _local_store(root)
         try:
-            local.mkdir(parents=True, exist_ok=True)
             return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
         except CrucibleError as exc:
             if not rebuild or exc.fix != REBUILD:  # locked by another process: never wiped
                 raise
         _wipe_local(local)
-        local.mkdir(parents=True, exist_ok=True)
-        return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
+        return cls(root, name, _persistent_client(_local_store(root), root), embedder, STORE_DIR, local)
 
     def errors(self, doing: str) -> Any:
         return store_errors(self.root, self.label, doing)
@@ -492,6 +491,19 @@ def _http_client(url: str) -> Any:
             "start it (`chroma run --host 127.0.0.1 --port N`) or remove `url` from [index] "
             "in the config to use the store inside the kiln",
         ) from exc
+
+
+def _local_store(root: Path) -> Path:
+    """The embedded store's folder, made 0700 in the kiln's `.crucible` (neither may be a link:
+    Chroma would write, and `--rebuild` delete, wherever it leads)."""
+    local = reserved_dir(root) / STORE_DIR.rpartition("/")[2]
+    if local.is_symlink():
+        raise KilnPathError(
+            f"the kiln's {STORE_DIR} folder is a symbolic link: Crucible does not write its index "
+            "through a link (it may lead out of the kiln)",
+            f"remove the link (`rm {STORE_DIR}` in the kiln's folder); `cru kiln index` builds the index again",
+        )
+    return private_dir(local)
 
 
 def _persistent_client(path: Path, root: Path) -> Any:

@@ -172,6 +172,39 @@ def test_a_full_disk_says_to_free_space_and_what_was_embedded_is_kept(
     assert results[0]["path"] == "Cooking/Sourdough starter.md"
 
 
+def test_a_crucible_folder_that_is_a_link_is_not_written_through(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path, tmp_path: Path
+) -> None:
+    """A vault from elsewhere may bring `.crucible` (or `.crucible/chroma`) as a link to any
+    folder: Crucible made it 0700, wrote the notes' text into it, and `--rebuild` would wipe a
+    damaged store there. It refuses, says how to fix it, and leaves the folder as it was."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o755)
+    (elsewhere / "keep.txt").write_text("not Crucible's\n")
+    (tiny_kiln / ".crucible").symlink_to(elsewhere)
+    for args in (["index"], ["index", "--rebuild"]):
+        done = cru(cru_bin, clean_env, "kiln", *args, "--kiln", str(tiny_kiln))
+        assert done.returncode == 1, done.stdout
+        assert "the kiln's .crucible folder is a symbolic link" in done.stderr
+        assert "remove the link (`rm .crucible` in the kiln's folder)" in done.stderr
+    (tiny_kiln / ".crucible").unlink()
+    (tiny_kiln / ".crucible").mkdir()
+    (tiny_kiln / ".crucible" / "chroma").symlink_to(elsewhere)
+    for args in (["index"], ["index", "--rebuild"]):
+        done = cru(cru_bin, clean_env, "kiln", *args, "--kiln", str(tiny_kiln))
+        assert done.returncode == 1 and "the kiln's .crucible/chroma folder is a symbolic link" in done.stderr
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+    assert elsewhere.stat().st_mode & 0o777 == 0o755
+    (tiny_kiln / ".crucible" / "chroma").unlink()
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 0, done.stderr
+    for folder in (tiny_kiln / ".crucible", tiny_kiln / ".crucible" / "chroma"):
+        assert folder.stat().st_mode & 0o777 == 0o700
+    found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
+    assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+
+
 def test_search_without_index_and_damaged_index(
     cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
 ) -> None:
