@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -489,6 +490,27 @@ async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     assert found[-3:] == ["batch-02/note-0123.md"] * 3
 
 
+@contextmanager
+def _ready_session(root: Path, clean_env: dict[str, str]) -> Iterator[tuple[GatedEmbedder, BackgroundIndex]]:
+    """A session's index (in this process) on `root`, built through a gated embedder that the
+    `cru` processes of the test use too; yielded once the kiln is embedded, closed after."""
+    with GatedEmbedder() as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        config = Config(embedder=EmbedderConfig(provider="openai", model="gated", url=embedder.url,
+                                                batch_size=32))
+        background = BackgroundIndex(root, config, mode="thread")
+        background.start()
+        try:
+            deadline = time.monotonic() + 60
+            while background.state().phase != "ready":
+                assert time.monotonic() < deadline and background.state().phase != "failed", background.state()
+                time.sleep(0.05)
+            yield embedder, background
+        finally:
+            background.close()
+
+
 def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwhile_follow(
     cru_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -498,24 +520,14 @@ def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwh
     root = tmp_path / "kiln"
     notes = many_notes(60)
     write_notes(root, notes)
-    with GatedEmbedder() as embedder:
-        embedder.open()
-        _config(clean_env, embedder.config_toml())
-        config = Config(embedder=EmbedderConfig(provider="openai", model="gated", url=embedder.url,
-                                                batch_size=32))
-        background = BackgroundIndex(root, config, mode="thread")
+    with _ready_session(root, clean_env) as (embedder, background):
         phases: list[str] = []
         background.subscribe(lambda state: phases.append(state.phase))
-        background.start()
         other: subprocess.Popen[str] | None = None
+        deadline = time.monotonic() + 60
         try:
-            deadline = time.monotonic() + 60
-            while background.state().phase != "ready":
-                assert time.monotonic() < deadline and background.state().phase != "failed", background.state()
-                time.sleep(0.05)
             index = background.open_index()
             assert index.embedded_share() == (60, 60)
-            phases.clear()
             embedder.shut()  # the other's embedding waits at the gate while this one looks
             changed = sorted(notes)[:3]
             for rel in changed:
@@ -542,7 +554,6 @@ def test_another_processs_small_update_is_not_shown_and_the_notes_changed_meanwh
             if other is not None and other.poll() is None:
                 other.kill()
                 other.wait()
-            background.close()
 
 
 def test_a_small_kilns_rebuild_killed_midway_in_another_process_is_finished_by_the_session(
@@ -552,21 +563,11 @@ def test_a_small_kilns_rebuild_killed_midway_in_another_process_is_finished_by_t
     kill -9 after it emptied the store: the session, which had the whole kiln embedded, builds
     it again rather than searching a near-empty index until its next start."""
     root = tmp_path / "kiln"
-    notes = many_notes(20)
-    write_notes(root, notes)
-    with GatedEmbedder() as embedder:
-        embedder.open()
-        _config(clean_env, embedder.config_toml())
-        config = Config(embedder=EmbedderConfig(provider="openai", model="gated", url=embedder.url,
-                                                batch_size=32))
-        background = BackgroundIndex(root, config, mode="thread")
-        background.start()
+    write_notes(root, many_notes(20))
+    with _ready_session(root, clean_env) as (embedder, background):
         other: subprocess.Popen[str] | None = None
+        deadline = time.monotonic() + 60
         try:
-            deadline = time.monotonic() + 60
-            while background.state().phase != "ready":
-                assert time.monotonic() < deadline and background.state().phase != "failed", background.state()
-                time.sleep(0.05)
             index = background.open_index()
             assert index.embedded_share() == (20, 20)
             embedder.shut()  # the rebuild empties the store, then waits at the gate
@@ -591,7 +592,6 @@ def test_a_small_kilns_rebuild_killed_midway_in_another_process_is_finished_by_t
             if other is not None and other.poll() is None:
                 other.kill()
                 other.wait()
-            background.close()
 
 
 def test_a_tool_errors_fix_is_a_sentence_and_a_command_in_it_stays_a_command() -> None:
