@@ -15,7 +15,9 @@ A group is told to the watchdog once its process is started, so a host killed in
 would leave it unlisted: as a backstop, every process the host starts carries
 `CRUCIBLE_HOST_MARK` (random per host, `host_mark_env()`) in its environment, and when the
 host dies without exiting (kill -9, a crash: no `atexit`), the watchdog also stops the group
-of every process that carries this host's mark. After an orderly exit it does not: what an
+of every process that carries this host's mark. A process met with no environment yet (in
+the middle of its exec: its parent saw the exec succeed a moment before the kernel set up its
+environment) is looked at again for up to a second. After an orderly exit it does not: what an
 agent's command started on purpose to outlive it (a detached server) is left alone.
 
 `watch_group(pgid)` when a group is started, `unwatch_group(pgid)` once it is gone. Both are
@@ -64,14 +66,32 @@ for line in sys.stdin.buffer:
     else:
         groups.discard(pgid)
 mark = ("\0CRUCIBLE_HOST_MARK=" + sys.argv[1] + "\0").encode()
-for entry in os.listdir("/proc") if not clean and len(sys.argv) > 1 and os.path.isdir("/proc") else ():
-    if entry.isdigit():
+def scan(pids):
+    found, unborn = set(), []
+    for pid in pids:
         try:
-            with open("/proc/" + entry + "/environ", "rb") as f:
-                if mark in b"\0" + f.read() + b"\0":
-                    groups.add(os.getpgid(int(entry)))
-        except OSError:
+            with open("/proc/" + pid + "/environ", "rb") as f:
+                env = f.read()
+            if mark in b"\0" + env + b"\0":
+                found.add(os.getpgid(int(pid)))
+            elif not env:
+                # No environment yet: in the middle of its exec (its parent saw the exec
+                # succeed a moment before the kernel set it up), unless a zombie or a kernel thread.
+                with open("/proc/" + pid + "/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+                if fields[0] not in (b"Z", b"X") and not int(fields[6]) & 0x00200000:
+                    unborn.append(pid)
+        except (OSError, IndexError, ValueError):
             pass
+    return found, unborn
+if not clean and len(sys.argv) > 1 and os.path.isdir("/proc"):
+    found, unborn = scan([e for e in os.listdir("/proc") if e.isdigit()])
+    groups |= found
+    deadline = time.monotonic() + 1.0
+    while unborn and time.monotonic() < deadline:
+        time.sleep(0.02)
+        found, unborn = scan(unborn)
+        groups |= found
 groups.discard(os.getpgid(0))
 def alive():
     out = set()
