@@ -163,7 +163,7 @@ def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) 
             chunks.append(Chunk(note.path, len(chunks), section.path, text, start, content_hash(text)))
         else:
             continue
-        note.problems.append(f"only its first {max_chunks} sections are searched by meaning (line "
+        note.problems.append(f"only its first {max_chunks} chunks are searched by meaning (line "
                              f"{start + 1} on is found by its words)")
         break
     if not chunks:

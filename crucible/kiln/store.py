@@ -104,7 +104,13 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - chromadb raises many unrelated types
         reason = _clean(f"{type(exc).__name__}: {exc}", root)
-        if doing != "reading it" and doing != "searching it" and _disk_full(exc, root):
+        # A lock says so in its message; a full disk may not (see LOW_SPACE): after the lock.
+        if _is_lock_error(exc):
+            raise IndexUnusableError(
+                f"the index in {store} is locked by another process while {doing} ({reason})",
+                f"close the other `cru` using this kiln and retry; if none is running: {REBUILD}",
+            ) from exc
+        if doing not in ("reading it", "searching it") and _disk_full(exc, root):
             raise IndexUnusableError(
                 f"the disk holding the index in {store} is full while {doing} ({reason})",
                 "free some space on that disk, then run `cru kiln index` (what was embedded is kept)",
@@ -112,11 +118,6 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
         if any(sign in reason.lower() for sign in _STALE_VIEW_SIGNS):
             raise StaleViewError(
                 f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD
-            ) from exc
-        if _is_lock_error(exc):
-            raise IndexUnusableError(
-                f"the index in {store} is locked by another process while {doing} ({reason})",
-                f"close the other `cru` using this kiln and retry; if none is running: {REBUILD}",
             ) from exc
         raise IndexUnusableError(
             f"the index in {store} is damaged or unreadable while {doing} ({reason})", REBUILD

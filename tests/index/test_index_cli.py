@@ -90,7 +90,7 @@ def test_a_note_of_thousands_of_headings_is_bounded_and_still_found(
     cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
 ) -> None:
     """A hostile (or generated) note: 2.3 MB of one-line sections made 200,000 chunks, hours of
-    embedding. It is embedded up to its first 1,000 sections, says so, and its last words are
+    embedding. It is embedded up to its first 1,000 chunks, says so, and its last words are
     still found (by words)."""
     (tiny_kiln / "Log.md").write_text("".join(f"# entry {i}\nquiet day {i}\n" for i in range(20_000))
                                       + "# last entry\nthe word zeppelinfinale ends it\n")
@@ -101,7 +101,7 @@ def test_a_note_of_thousands_of_headings_is_bounded_and_still_found(
     assert report["chunks_embedded"] < 1010  # the log's 1,000 and the tiny kiln's few
     assert report["degraded"] == [{
         "path": "Log.md",
-        "reason": "only its first 1000 sections are searched by meaning (line 2002 on is found by its words)",
+        "reason": "only its first 1000 chunks are searched by meaning (line 2002 on is found by its words)",
     }]
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", "zeppelinfinale")
     assert found.returncode == 0, found.stderr
