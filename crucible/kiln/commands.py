@@ -26,7 +26,7 @@ from crucible.kiln.index import (
     other_cru,
 )
 from crucible.kiln.model_store import ensure_model_for
-from crucible.kiln.paths import kiln_sizes
+from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
 from mcp_bridge.kiln_api import SearchHit
 
@@ -229,6 +229,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _open_existing(root: Path, config: Config) -> KilnIndex:
     """Open the index without creating an embedded store in a kiln that has none."""
+    if (root / RESERVED_DIR).is_symlink():
+        reserved_dir(root)  # refuses it with the fix: not "no index yet", then that at the index
     if not config.index.url and not (root / STORE_DIR).is_dir():
         raise CrucibleError("the kiln has no index yet", "cru kiln index")
     return KilnIndex.open(root, config)
