@@ -12,6 +12,9 @@ Runs in the bench venv (torch + sentence-transformers), never the dev venv:
 run: cosine on every fixture text (fixtures/embeddings/reference.json; the condition for making
 int8 the default is >= 0.99 on each), in one batch and alone, on the kiln's chunks, and speed.
 `--sensitivity`: what each node's quantization costs, one node at a time left in fp32.
+`--runtimes` (any venv): onnxruntime (fp32) against OpenVINO (bfloat16 where the CPU has it,
+the default there), same run: cosine to sentence-transformers on every fixture text, to each
+other on the kiln's chunks, and speed.
 
 `--load` (any venv): loading the model in a new process, the graph built (no cache) against the
 graph read from Crucible's cache, alternated, same run: the load's wall time and the longest
@@ -81,7 +84,7 @@ def int8(texts: list[str], batch_size: int, alphas: list[float]) -> None:
     folder = E.model_dir()
     maxima = E.activation_maxima(folder)
     assert maxima is not None, "no calibration for these weights: scripts/make_int8_calibration.py"
-    fp32 = E.MiniLMEmbedder(batch_size=batch_size)
+    fp32 = E.MiniLMEmbedder(batch_size=batch_size, runtime="onnxruntime")
     fixtures = [it["text"] for it in json.loads((ROOT / "fixtures/embeddings/reference.json").read_text())["items"]]
     ref_fix, ref = fp32.embed(fixtures), fp32.embed(texts)
     variants: dict[str, bytes] = {"plain (no smoothing)": E.quantize_model(E.build_onnx_model(folder))}
@@ -111,6 +114,42 @@ def int8(texts: list[str], batch_size: int, alphas: list[float]) -> None:
               f"{min(times['fp32']) / min(times['int8']):.2f}x fp32's speed")
 
 
+def runtimes(texts: list[str], batch_size: int, rounds: int = 2) -> None:
+    """The built-in model on onnxruntime (fp32) against OpenVINO (bfloat16 where the CPU has it),
+    same run: cosine to sentence-transformers' vectors on every fixture text (in one batch and
+    each alone: the parity bar is 0.9999), cosine between the two on the kiln's chunks, speed on
+    the chunks (best of `rounds`, alternated)."""
+    import json
+
+    from crucible.kiln import embedder as E
+
+    items = json.loads((ROOT / "fixtures/embeddings/reference.json").read_text())["items"]
+    fixtures = [it["text"] for it in items]
+    ref = np.asarray([it["vector"] for it in items], dtype=np.float64)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    embedders = {name: E.MiniLMEmbedder(batch_size=batch_size, runtime=name)
+                 for name in ("onnxruntime", "openvino")}
+    for embedder in embedders.values():
+        embedder.embed(["warm up"])
+    print(f"{len(fixtures)} fixture texts, {len(texts)} kiln chunks, batch size {batch_size}; "
+          f"the CPU has native bfloat16: {E.native_bf16()}")
+    vectors, times = {}, {name: [] for name in embedders}
+    for rnd in range(rounds):
+        for name in embedders if rnd % 2 == 0 else reversed(embedders):
+            t = time.perf_counter()
+            vectors[name] = embedders[name].embed(texts)
+            times[name].append(time.perf_counter() - t)
+    for name, embedder in embedders.items():
+        together = (embedder.embed(fixtures).astype(np.float64) * ref).sum(axis=1)
+        alone = np.array([float(embedder.embed([t])[0] @ ref[i]) for i, t in enumerate(fixtures)])
+        print(f"  {name:11s} on {embedder.engine:20s} fixtures vs sentence-transformers: min "
+              f"{min(together.min(), alone.min()):.6f} (batch {together.min():.6f}, alone {alone.min():.6f}) "
+              f"| {len(texts) / min(times[name]):.1f} texts/s, "
+              f"{min(times['onnxruntime']) / min(times[name]):.2f}x onnxruntime's speed")
+    cos = (vectors["openvino"] * vectors["onnxruntime"]).sum(axis=1)
+    print(f"  openvino vs onnxruntime on the chunks: cosine min {cos.min():.6f} mean {cos.mean():.6f}")
+
+
 def sensitivity(texts: list[str], batch_size: int) -> None:
     """The smoothed int8 graph with one node at a time left in fp32: how much cosine to fp32 on
     the kiln's chunks each node's quantization costs; then the three costliest left in fp32."""
@@ -118,7 +157,7 @@ def sensitivity(texts: list[str], batch_size: int) -> None:
 
     folder = E.model_dir()
     graph = E.build_onnx_model(folder, E.activation_maxima(folder))
-    fp32 = E.MiniLMEmbedder(batch_size=batch_size)
+    fp32 = E.MiniLMEmbedder(batch_size=batch_size, runtime="onnxruntime")
     ref = fp32.embed(texts)
 
     def run(fp32_nodes: list[str]) -> tuple[float, float, float]:
@@ -279,6 +318,8 @@ def main() -> None:
     )
     ap.add_argument("--generated", type=int, default=1000, help="how many texts without the kiln")
     ap.add_argument("--int8", action="store_true", help="int8 against fp32 (no torch needed)")
+    ap.add_argument("--runtimes", action="store_true",
+                    help="onnxruntime fp32 against OpenVINO bfloat16 (no torch needed)")
     ap.add_argument("--alphas", default="0.5,0.7", help="--int8: SmoothQuant alphas to compare")
     ap.add_argument("--sensitivity", action="store_true",
                     help="int8: what each node's quantization costs (one at a time in fp32)")
@@ -293,12 +334,14 @@ def main() -> None:
     if args.load:
         load(args.load)
         return
-    if args.int8 or args.sensitivity:
+    if args.int8 or args.sensitivity or args.runtimes:
         texts = kiln_chunks(SAMPLE_KILN) if SAMPLE_KILN.is_dir() else generated_chunks(args.generated)
         if args.limit and args.limit < len(texts):
             step = len(texts) / args.limit
             texts = [texts[int(i * step)] for i in range(args.limit)]
-        if args.sensitivity:
+        if args.runtimes:
+            runtimes(texts, args.batch_size)
+        elif args.sensitivity:
             sensitivity(texts, args.batch_size)
         else:
             int8(texts, args.batch_size, [float(a) for a in args.alphas.split(',')])

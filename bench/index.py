@@ -15,8 +15,9 @@ one changed note (goal: <= 2% of the full time), and a re-index with nothing cha
         # --second-start: on a kiln each code indexed a little before (saved words, 32 notes embedded)
     $V/python bench/index.py --first-answer-indexed 3
         # the same on the embedded sample kiln (the query model loads): graph built vs cached
-    $V/python bench/index.py --command-models 2 [--notes 2000]
-        # `cru kiln index` with the default fp32 embedder vs the int8 option, alternated
+    $V/python bench/index.py --command-models 2 [--notes 2000] [--with-old]
+        # `cru kiln index` with the default embedder (OpenVINO bf16 where the CPU has it) vs
+        # onnxruntime fp32 vs the int8 option, alternated; --with-old: and the code before issue 15
 
 Each kiln is copied (or generated) into a temporary folder, so its index starts empty.
 """
@@ -629,12 +630,7 @@ def compare_old(base: Path, notes: int, model: str | None = None) -> None:
     src = base / f"generated-{notes}"
     if not src.is_dir():
         generate_kiln(src, notes)
-    old_code = base / f"old-code-{OLD_COMMIT}"
-    if not old_code.is_dir():
-        old_code.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "crucible"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old_code)], input=archive, check=True)
+    old_code = _old_code(base)
     kilns = {}
     for which in ("old", "new"):
         kilns[which] = base / f"compare-{which}"
@@ -668,39 +664,65 @@ def compare_old(base: Path, notes: int, model: str | None = None) -> None:
           "(goal <= 2%)", flush=True)
 
 
-def command_models(base: Path, notes: int, rounds: int) -> None:
-    """`cru kiln index` (the command a person types) on copies of a generated kiln, the default
-    fp32 embedder against the int8 option, alternated in new processes, same run: wall and CPU time."""
+def _old_code(base: Path) -> Path:
+    """The package as it was before issue 15 (OLD_COMMIT), extracted once under `base`."""
+    old_code = base / f"old-code-{OLD_COMMIT}"
+    if not old_code.is_dir():
+        old_code.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "crucible"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old_code)], input=archive, check=True)
+    return old_code
+
+
+def command_models(base: Path, notes: int, rounds: int, with_old: bool = False) -> None:
+    """`cru kiln index` (the command a person types) on copies of a generated kiln, alternated in
+    new processes, same run, wall and CPU time: the default embedder (`auto`: OpenVINO in bfloat16
+    where the CPU has it), onnxruntime in fp32 (the default before), the int8 option; with
+    `with_old`, also the code before issue 15's `cru kiln index` (OLD_COMMIT), the build time the
+    issue's "half of today's" is measured against."""
     import resource
 
     src = base / f"generated-{notes}"
     if not src.is_dir():
         generate_kiln(src, notes)
-    config = base / "int8.toml"
-    config.write_text('[embedder]\nmodel = "all-MiniLM-L6-v2-int8"\n')
-    figures: dict[str, list[tuple[float, float]]] = {"fp32 (default)": [], "int8 (option)": []}
+    configs = {"fp32 onnxruntime": '[embedder]\nruntime = "onnxruntime"\n',
+               "int8 (option)": '[embedder]\nmodel = "all-MiniLM-L6-v2-int8"\n'}
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+    clean = {k: v for k, v in os.environ.items() if k not in ("CRUCIBLE_CONFIG", "PYTHONPATH")}
+    clean["XDG_CONFIG_HOME"] = str(base / "no-config")  # no person's config in the way
+    if with_old:
+        commands[f"before issue 15 ({OLD_COMMIT})"] = (
+            [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_old_code(base))})
+    commands["default (auto)"] = ([CRU], clean)
+    for label, text in configs.items():
+        config = base / f"{label.split()[0]}.toml"
+        config.write_text(text)
+        commands[label] = ([CRU], {**clean, "CRUCIBLE_CONFIG": str(config)})
+    figures: dict[str, list[tuple[float, float]]] = {label: [] for label in commands}
     for rnd in range(rounds):
         order = list(figures) if rnd % 2 == 0 else list(reversed(figures))
         for label in order:
             kiln = base / "command-models"
             shutil.rmtree(kiln, ignore_errors=True)
             shutil.copytree(src, kiln, ignore=shutil.ignore_patterns(".crucible"))
-            env = {k: v for k, v in os.environ.items() if k != "CRUCIBLE_CONFIG"}
-            env["XDG_CONFIG_HOME"] = str(base / "no-config")  # no person's config in the way
-            if "int8" in label:
-                env["CRUCIBLE_CONFIG"] = str(config)
+            command, env = commands[label]
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
-            subprocess.run([CRU, "kiln", "index", "--kiln", str(kiln)], env=env, check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run([*command, "kiln", "index", "--kiln", str(kiln)], env=env, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=base)
             wall = time.perf_counter() - started
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             figures[label].append((wall, cpu))
             print(f"  {label}: {wall:.1f}s wall, {cpu:.1f} CPU s ({_load()})", flush=True)
-    fp32, q8 = (min(figures[k]) for k in figures)
-    print(f"cru kiln index on {notes} generated notes, best of {rounds}: fp32 {fp32[0]:.1f}s, int8 "
-          f"{q8[0]:.1f}s = {q8[0] / fp32[0]:.2f}x the wall time ({q8[1] / fp32[1]:.2f}x the CPU time)")
+    best = {label: min(runs) for label, runs in figures.items()}
+    ref_label = next(iter(best))  # the code before issue 15 if timed, else this default
+    ref = best[ref_label]
+    print(f"cru kiln index on {notes} generated notes, best of {rounds} (ratios to {ref_label}):")
+    for label, (wall, cpu) in best.items():
+        print(f"  {label:26s} {wall:7.1f}s wall {cpu:7.1f} CPU s = {wall / ref[0]:.2f}x wall, "
+              f"{cpu / ref[1]:.2f}x CPU")
 
 
 def show(label: str, what: str, r: IndexReport) -> None:
@@ -735,12 +757,14 @@ def main() -> int:
     ap.add_argument("--compare-old", action="store_true",
                     help="the whole build, today's code vs this code in one run, with a profile")
     ap.add_argument("--command-models", type=int, metavar="ROUNDS",
-                    help="`cru kiln index` with the default fp32 embedder vs the int8 option")
+                    help="`cru kiln index`: the default embedder vs onnxruntime fp32 vs the int8 option")
+    ap.add_argument("--with-old", action="store_true",
+                    help="--command-models: also the code before issue 15's `cru kiln index`")
     args = ap.parse_args()
     if args.command_models:
         base = cache_dir() / "sessions"
         base.mkdir(parents=True, exist_ok=True)
-        command_models(base, args.notes or 2000, args.command_models)
+        command_models(base, args.notes or 2000, args.command_models, args.with_old)
         return 0
     modes_notes = args.notes or 2000
     args.notes = args.notes or 10_000

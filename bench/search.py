@@ -199,15 +199,18 @@ def main() -> int:
                     help="latency on the sample kiln vs KILN (indexed before, e.g. by bench/index.py "
                          "--compare-old), embedded and through a chroma run server")
     ap.add_argument("--embedder-model", help="e.g. all-MiniLM-L6-v2-int8 (quality with that embedder)")
+    ap.add_argument("--embedder-runtime", choices=["onnxruntime", "openvino"],
+                    help="index and queries embedded on that runtime, in a kiln copy of its own "
+                         "(the default: `auto`, OpenVINO in bfloat16 where the CPU has it)")
     args = ap.parse_args()
     if not SHARED_KILN.is_dir():
         print(f"the sample kiln ../shared/kilns/{SHARED_KILN.name} is not there")
         return 1
-    kiln = cache_dir() / ("crucible-docs" + (f"-{args.embedder_model}" if args.embedder_model else ""))
+    variant = "".join(f"-{v}" for v in (args.embedder_model, args.embedder_runtime) if v)
+    kiln = cache_dir() / f"crucible-docs{variant}"
     sync_kiln(SHARED_KILN, kiln)
-    config = Config()
-    if args.embedder_model:
-        config = Config(embedder=EmbedderConfig(model=args.embedder_model))
+    config = Config(embedder=EmbedderConfig(model=args.embedder_model,
+                                            runtime=args.embedder_runtime or "auto"))
     if args.scale:
         index = KilnIndex.open(kiln, config)
         index.update(progress=Printer("index"))

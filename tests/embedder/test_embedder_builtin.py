@@ -46,6 +46,63 @@ def test_parity_with_sentence_transformers_on_every_fixture_text(
     assert cosines.min() >= 0.9999, f"cosine {cosines[worst]:.6f} for text {texts[worst][:60]!r}"
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_each_runtime_matches_sentence_transformers_on_every_fixture_text(
+    runtime: str, reference: list[dict]
+) -> None:
+    """The default (`auto`) runs OpenVINO in bfloat16 where the CPU has it; onnxruntime in fp32
+    elsewhere. Both must be the same model by the parity bar, so an index built by one is
+    searched by the other (the embedder's name, which keys the index, is the same)."""
+    texts = [item["text"] for item in reference]
+    embedder = make_embedder(EmbedderConfig(runtime=runtime))  # type: ignore[arg-type]
+    assert embedder.name == "builtin:all-MiniLM-L6-v2"
+    vectors = embedder.embed(texts)
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert emb._runtime(embedder.threads, False, runtime).runtime == runtime  # not a fallback
+    ref = np.asarray([item["vector"] for item in reference], dtype=np.float64)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    cosines = (vectors.astype(np.float64) * ref).sum(axis=1)
+    worst = int(np.argmin(cosines))
+    assert cosines.min() >= 0.9999, f"{runtime}: cosine {cosines[worst]:.6f} for {texts[worst][:60]!r}"
+    alone = embedder.embed([texts[worst]])[0]
+    assert float(alone @ vectors[worst]) > 0.9999  # alone as in a batch
+    if runtime == "openvino" and emb.native_bf16():
+        # bfloat16 really ran: the vectors are close to fp32's, not equal to them.
+        fp32 = make_embedder(EmbedderConfig(runtime="onnxruntime")).embed(texts)
+        assert not np.array_equal(vectors, fp32)
+        assert isinstance(embedder, MiniLMEmbedder) and embedder.engine == "OpenVINO, bfloat16"
+
+
+def test_auto_runs_openvino_only_where_the_cpu_has_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(emb, "_openvino_installed", lambda: True)
+    monkeypatch.setattr(emb, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert emb.chosen_runtime("auto") == "openvino"
+    assert emb.chosen_runtime("auto", int8=True) == "onnxruntime"  # the int8 graph is onnxruntime's
+    assert emb.chosen_runtime("onnxruntime") == "onnxruntime"
+    monkeypatch.setattr(emb, "_cpu_flags", lambda: {"avx2", "avx512f"})  # fp32 only: no faster
+    assert emb.chosen_runtime("auto") == "onnxruntime"
+    assert emb.chosen_runtime("openvino") == "openvino"  # asked for: as asked
+    monkeypatch.setattr(emb, "_cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setattr(emb, "_openvino_installed", lambda: False)
+    assert emb.chosen_runtime("auto") == "onnxruntime"
+
+
+def test_openvino_that_cannot_load_falls_back_to_onnxruntime_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(model_path: str, threads: int) -> None:
+        raise RuntimeError("Exception from src/inference/src/cpp/core.cpp: unsupported CPU")
+
+    monkeypatch.setattr(emb, "_OpenVinoSession", refuse)
+    runtime = emb._Runtime(emb.model_dir(), 1, runtime="openvino")
+    assert runtime.runtime == "onnxruntime"
+    assert runtime.run(["a note about gardens"], 4).shape == (1, 384)
+    assert "the embedder runs on onnxruntime: OpenVINO could not load it" in caplog.text
+    with pytest.raises(CrucibleError, match="runs on onnxruntime only") as err:
+        make_embedder(EmbedderConfig(model=emb.INT8_MODEL, runtime="openvino"))
+    assert "remove `runtime`" in (err.value.fix or "")
+
+
 def test_output_is_float32_unit_rows_in_input_order(
     builtin: Embedder, reference: list[dict]
 ) -> None:
