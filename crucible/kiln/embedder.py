@@ -21,10 +21,12 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol, cast
 
 import httpx
@@ -448,9 +450,7 @@ class _OpenVinoSession:
     searched by the other; the embedder's name, which keys the index, is the same."""
 
     def __init__(self, model_path: str, threads: int) -> None:
-        # openvino (~0.3 s): only this runtime imports it, once per process
-        import openvino as ov
-
+        ov = _import_openvino()
         core = ov.Core()
         self.compiled = core.compile_model(_openvino_model(model_path), "CPU", {
             "INFERENCE_PRECISION_HINT": "bf16" if native_bf16() else "f32",
@@ -472,6 +472,18 @@ class _OpenVinoSession:
         return [np.array(results[self.compiled.output(name)], copy=True) for name in names]
 
 
+def _import_openvino() -> ModuleType:
+    """openvino's runtime, without its model-conversion tools (`openvino.tools.ovc`, which
+    `import openvino` loads when it can): loading those sends a usage event to Google Analytics
+    from a forked process unless the person opted out, and writes ~/intel. A forked copy of an
+    index worker was seen hanging there, left behind. Crucible needs only the runtime."""
+    sys.modules.setdefault("openvino.tools.ovc", None)  # type: ignore[arg-type]  # None: "cannot import"
+    # openvino (~0.3 s): only this runtime imports it, once per process
+    import openvino
+
+    return openvino
+
+
 def _openvino_files(onnx_path: str) -> tuple[Path, Path]:
     xml = Path(onnx_path).with_suffix(".ov.xml")
     return xml, xml.with_suffix(".bin")
@@ -481,9 +493,7 @@ def _openvino_model(onnx_path: str) -> str:
     """The cached graph in OpenVINO's own form beside it, made once: its weights stored in fp16
     (bfloat16 computes with fewer bits anyway), which OpenVINO loads in ~100 MiB less memory than
     the ONNX file (bench/embed.py --runtimes). The ONNX path if it cannot be saved."""
-    # openvino: only this runtime imports it (already imported by the caller)
-    import openvino as ov
-
+    ov = _import_openvino()
     xml, weights = _openvino_files(onnx_path)
     if xml.is_file() and weights.is_file():
         return str(xml)

@@ -73,6 +73,38 @@ def test_each_runtime_matches_sentence_transformers_on_every_fixture_text(
         assert isinstance(embedder, MiniLMEmbedder) and embedder.engine == "OpenVINO, bfloat16"
 
 
+_OPENVINO_QUIET = """
+import glob, json, sys
+from crucible.kiln import embedder as emb
+vec = emb.MiniLMEmbedder(runtime="openvino").embed(["a note about gardens"])[0]
+children = [c for f in glob.glob("/proc/self/task/*/children") for c in open(f).read().split()]
+print(json.dumps({"runtime": emb._runtime(emb._threads(), False, "openvino").runtime, "dim": len(vec),
+                  "telemetry": sorted(m for m in sys.modules if m.startswith("openvino_telemetry")),
+                  "children": children}))
+"""
+
+
+def test_openvino_sends_no_usage_event_writes_nothing_in_home_and_forks_nothing(tmp_path: Path) -> None:
+    """`import openvino` loads its conversion tools, whose telemetry posts a usage event to
+    Google Analytics from a forked process (opt-out), writes ~/intel, and once left a hung copy of
+    an index worker behind. The embedder loads the runtime alone."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CI"}  # the tools skip telemetry in CI
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-c", _OPENVINO_QUIET], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.splitlines()[-1])
+    assert got["runtime"] == "openvino" and got["dim"] == 384
+    assert got["telemetry"] == [] and got["children"] == []
+    assert list(home.iterdir()) == []  # no ~/intel/openvino_ga_cid, no stats
+
+
 def test_auto_runs_openvino_only_where_the_cpu_has_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(emb, "_openvino_installed", lambda: True)
     monkeypatch.setattr(emb, "_cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
