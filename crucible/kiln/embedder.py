@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, cast
@@ -443,6 +444,10 @@ def _openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+# How many batches OpenVINO runs at once (bench/embed.py --runtimes).
+OPENVINO_STREAMS = 2
+
+
 class _OpenVinoSession:
     """The graph compiled by OpenVINO, called as an onnxruntime session is (`run`). Its matrix
     products run in bfloat16 where the CPU has it, accumulating in fp32: vectors within 0.9999
@@ -452,10 +457,14 @@ class _OpenVinoSession:
     def __init__(self, model_path: str, threads: int) -> None:
         ov = _import_openvino()
         core = ov.Core()
+        # Batches run on `streams` at once, each on its share of the threads (_Runtime.run):
+        # short batches keep two single-threaded streams busier than one two-threaded one.
+        self.streams = max(1, min(OPENVINO_STREAMS, threads))
         self.compiled = core.compile_model(_openvino_model(model_path), "CPU", {
             "INFERENCE_PRECISION_HINT": "bf16" if native_bf16() else "f32",
             "INFERENCE_NUM_THREADS": threads,
-            "PERFORMANCE_HINT": "LATENCY",
+            "PERFORMANCE_HINT": "THROUGHPUT" if self.streams > 1 else "LATENCY",
+            "NUM_STREAMS": self.streams,
             # Kernels kept per input shape (rows x width): few, as the worker's memory grows with
             # each (bench/embed.py --runtimes: 50 is as fast as the default 5,000).
             "CPU_RUNTIME_CACHE_CAPACITY": 50,
@@ -589,6 +598,7 @@ class _Runtime:
         # work buffers grow with rows x width^2 (bench/embed.py --peak: 16 rows of 256 tokens
         # peaked ~200 MiB higher, and ran no faster).
         order = np.argsort(-lengths, kind="stable")
+        batches = []
         start = 0
         while start < len(order):
             width = int(lengths[order[start]])
@@ -600,10 +610,19 @@ class _Runtime:
                 n = int(lengths[i])
                 ids[row, :n] = encodings[i].ids
                 mask[row, :n] = 1
-            (vectors,) = self.session.run(
-                ["embeddings"], {"input_ids": ids, "attention_mask": mask}
-            )
-            out[idx] = vectors
+            batches.append((idx, ids, mask))
+
+        def embed(part: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+            for idx, ids, mask in part:
+                (vectors,) = self.session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
+                out[idx] = vectors
+
+        streams = min(getattr(self.session, "streams", 1), len(batches))
+        if streams > 1:  # OpenVINO's streams, each fed by a thread (it lets go of the GIL)
+            with ThreadPoolExecutor(streams, thread_name_prefix="embed") as pool:
+                list(pool.map(embed, [batches[k::streams] for k in range(streams)]))
+        else:
+            embed(batches)
         return out
 
 

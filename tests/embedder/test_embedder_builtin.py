@@ -174,9 +174,10 @@ def test_a_batch_holds_at_most_the_token_budget_and_vectors_do_not_change(
     bounded = embedder.embed(texts)
     assert shapes and all(rows == 1 or rows * width <= emb.TOKENS_PER_BATCH for rows, width in shapes)
     assert max(width for _, width in shapes) == 256  # the fixture's long texts, truncated
-    # Every batch but the last is as full as the budget allows (short texts: 16 rows).
-    for rows, width in shapes[:-1]:
-        assert rows == min(16, max(1, emb.TOKENS_PER_BATCH // width)), shapes
+    # Every batch but the last made is as full as the budget allows (short texts: 16 rows).
+    # OpenVINO runs batches on two streams at once, so the last made need not be the last run.
+    short = [(rows, width) for rows, width in shapes if rows != min(16, max(1, emb.TOKENS_PER_BATCH // width))]
+    assert len(short) <= 1, shapes
     assert max(rows for rows, _ in shapes) > 1
     monkeypatch.setattr(emb, "TOKENS_PER_BATCH", 1 << 30)
     shapes.clear()
