@@ -469,6 +469,8 @@ class _OpenVinoSession:
             # each (bench/embed.py --runtimes: 50 is as fast as the default 5,000).
             "CPU_RUNTIME_CACHE_CAPACITY": 50,
         })
+        # What it computes in: "bf16", or "f32" where it could not use bfloat16 after all.
+        self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         # A request holds its input and output buffers: one per calling thread.
         self._requests = threading.local()
 
@@ -673,7 +675,10 @@ class MiniLMEmbedder:
         to onnxruntime), else the one `embed` would load. Never waits."""
         engine = chosen_runtime(self.runtime, self.int8)
         loaded = [r for k, r in list(_runtimes.items()) if k[1:] == (self.threads, self.int8, engine)]
-        if (loaded[0].runtime if loaded else engine) == "openvino":
+        if loaded and loaded[0].runtime == "openvino":
+            precision = getattr(loaded[0].session, "precision", "")
+            return f"OpenVINO, {'bfloat16' if precision == 'bf16' else 'fp32'}"
+        if not loaded and engine == "openvino":
             return f"OpenVINO, {'bfloat16' if native_bf16() else 'fp32'}"
         return f"onnxruntime, {'int8' if self.int8 else 'fp32'}"
 
