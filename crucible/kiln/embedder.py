@@ -473,6 +473,12 @@ class _OpenVinoSession:
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         # A request holds its input and output buffers: one per calling thread.
         self._requests = threading.local()
+        # One call now, in this thread alone: the binding initialises its numpy glue on first
+        # use, and two streams' threads doing that at once deadlocked on the GIL (a `cru mcp`
+        # building in a thread hung so: one thread in the C++ static's guard, the other in it
+        # waiting for the GIL).
+        self.run(["embeddings"], {"input_ids": np.array([[101, 102]], dtype=np.int32),
+                                  "attention_mask": np.ones((1, 2), dtype=np.int32)})
 
     def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         request = getattr(self._requests, "request", None)
