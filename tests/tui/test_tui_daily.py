@@ -300,12 +300,17 @@ def test_ctrl_c_holds_the_queued_prompt_and_asks_whether_to_drop_it(tui: TuiRunn
 
 
 def test_the_ctrl_c_hint_goes_when_the_turn_ends(tui: TuiRunner) -> None:
-    screen = tui.open({"prompts": [STALL]})
+    # The agent holds the cancelled turn open until the test has seen the hint: on a loaded
+    # machine a turn that ends at once can take the hint away before the screen is read.
+    gate = tui.tmp / "hint-seen"
+    turn = {**STALL, "after_cancel": [{"wait_file": str(gate)}, *STALL["after_cancel"]]}
+    screen = tui.open({"prompts": [turn]})
     screen.wait_for("ready")
     screen.type_line("take your time")
     screen.wait_for("thinking...")
     screen.send(CTRL_C)
     screen.wait_for(lambda s: "Ctrl-C again to leave" in status_row(s))
+    gate.touch()
     shown = screen.wait_for(lambda s: "ready" in status_row(s) and "the turn was cancelled" in s)
     assert "Ctrl-C again" not in status_row(shown)
     # And what it said no longer holds: one Ctrl-C now does not leave.
