@@ -56,7 +56,7 @@ class EmbedderConfig(BaseModel):
     api_key: str | None = None
     batch_size: int = 16
     # The built-in model's runtime: "auto" runs OpenVINO in bfloat16 where the CPU computes it
-    # natively (avx512_bf16, AMX: ~1.9x onnxruntime's fp32, the same vectors to 0.9999 cosine),
+    # natively (avx512_bf16, AMX: about 2x onnxruntime's fp32, the same vectors to 0.9999 cosine),
     # else onnxruntime in fp32 (see crucible/kiln/embedder.py).
     runtime: Literal["auto", "onnxruntime", "openvino"] = "auto"
 

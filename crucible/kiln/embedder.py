@@ -473,6 +473,9 @@ class _OpenVinoSession:
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         # A request holds its input and output buffers: one per calling thread.
         self._requests = threading.local()
+        # The threads that feed the streams, kept for the process's life: a pool made per call
+        # would start new threads, and each new thread makes a new request and its buffers.
+        self.pool = ThreadPoolExecutor(self.streams, thread_name_prefix="embed") if self.streams > 1 else None
         # One call now, in this thread alone: the binding initialises its numpy glue on first
         # use, and two streams' threads doing that at once deadlocked on the GIL (a `cru mcp`
         # building in a thread hung so: one thread in the C++ static's guard, the other in it
@@ -626,10 +629,10 @@ class _Runtime:
                 (vectors,) = self.session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
                 out[idx] = vectors
 
+        pool: ThreadPoolExecutor | None = getattr(self.session, "pool", None)
         streams = min(getattr(self.session, "streams", 1), len(batches))
-        if streams > 1:  # OpenVINO's streams, each fed by a thread (it lets go of the GIL)
-            with ThreadPoolExecutor(streams, thread_name_prefix="embed") as pool:
-                list(pool.map(embed, [batches[k::streams] for k in range(streams)]))
+        if pool is not None and streams > 1:  # OpenVINO's streams, each fed by a thread (it lets go of the GIL)
+            list(pool.map(embed, [batches[k::streams] for k in range(streams)]))
         else:
             embed(batches)
         return out
@@ -669,23 +672,26 @@ class MiniLMEmbedder:
         """Load the model now (else the first `embed` does); CrucibleError if the weights are missing."""
         _runtime(self.threads, self.int8, self.runtime)
 
+    def _loaded(self) -> _Runtime | None:
+        """The runtime `embed` would use if it is loaded in this process, else None. Never waits."""
+        key = (self.threads, self.int8, chosen_runtime(self.runtime, self.int8))
+        return next((r for k, r in list(_runtimes.items()) if k[1:] == key), None)
+
     @property
     def loaded(self) -> bool:
         """The model is loaded in this process: `embed` does not wait for it. Never waits."""
-        key = (self.threads, self.int8, chosen_runtime(self.runtime, self.int8))
-        return any(k[1:] == key for k in list(_runtimes))
+        return self._loaded() is not None
 
     @property
     def engine(self) -> str:
         """What computes the vectors, as `cru kiln index` says it: "OpenVINO, bfloat16",
         "onnxruntime, fp32" or "onnxruntime, int8". The loaded runtime's (it may have fallen back
         to onnxruntime), else the one `embed` would load. Never waits."""
-        engine = chosen_runtime(self.runtime, self.int8)
-        loaded = [r for k, r in list(_runtimes.items()) if k[1:] == (self.threads, self.int8, engine)]
-        if loaded and loaded[0].runtime == "openvino":
-            precision = getattr(loaded[0].session, "precision", "")
+        loaded = self._loaded()
+        if loaded is not None and loaded.runtime == "openvino":
+            precision = getattr(loaded.session, "precision", "")
             return f"OpenVINO, {'bfloat16' if precision == 'bf16' else 'fp32'}"
-        if not loaded and engine == "openvino":
+        if loaded is None and chosen_runtime(self.runtime, self.int8) == "openvino":
             return f"OpenVINO, {'bfloat16' if native_bf16() else 'fp32'}"
         return f"onnxruntime, {'int8' if self.int8 else 'fp32'}"
 
