@@ -163,23 +163,35 @@ def test_a_batch_holds_at_most_the_token_budget_and_vectors_do_not_change(
     texts = [item["text"] for item in reference]
     embedder = MiniLMEmbedder(batch_size=16)
     runtime = emb._runtime(embedder.threads)
+    budget = runtime.tokens_per_batch
+    assert budget == (emb.OPENVINO_TOKENS_PER_BATCH if runtime.runtime == "openvino" else emb.TOKENS_PER_BATCH)
     shapes: list[tuple[int, int]] = []
     real_run = runtime.session.run
+    real_batches = getattr(runtime.session, "run_batches", None)
 
     def recording_run(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         shapes.append(feeds["input_ids"].shape)
         return real_run(names, feeds)
 
+    def recording_batches(feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        shapes.extend(f["input_ids"].shape for f in feeds)
+        assert real_batches is not None
+        return real_batches(feeds)
+
     monkeypatch.setattr(runtime.session, "run", recording_run, raising=False)
+    if real_batches is not None:  # OpenVINO queues a call's batches on its streams
+        monkeypatch.setattr(runtime.session, "run_batches", recording_batches, raising=False)
+    # Long enough that even OpenVINO's larger budget takes more than one row of 256 tokens.
+    texts += [" ".join(texts)] * (budget // 256 + 2)
     bounded = embedder.embed(texts)
-    assert shapes and all(rows == 1 or rows * width <= emb.TOKENS_PER_BATCH for rows, width in shapes)
+    assert shapes and all(rows == 1 or rows * width <= budget for rows, width in shapes)
     assert max(width for _, width in shapes) == 256  # the fixture's long texts, truncated
-    # Every batch but the last made is as full as the budget allows (short texts: 16 rows).
-    # OpenVINO runs batches on two streams at once, so the last made need not be the last run.
-    short = [(rows, width) for rows, width in shapes if rows != min(16, max(1, emb.TOKENS_PER_BATCH // width))]
-    assert len(short) <= 1, shapes
+    # Every batch but the last is as full as the budget allows (short texts: 16 rows).
+    short = [(rows, width) for rows, width in shapes if rows != min(16, max(1, budget // width))]
+    assert short == shapes[-1:] or not short, shapes
     assert max(rows for rows, _ in shapes) > 1
-    monkeypatch.setattr(emb, "TOKENS_PER_BATCH", 1 << 30)
+    assert any(rows > 1 and width == 256 for rows, width in shapes) == (budget >= 512)
+    monkeypatch.setattr(runtime, "tokens_per_batch", 1 << 30)
     shapes.clear()
     unbounded = embedder.embed(texts)
     assert max(rows for rows, _ in shapes) == 16 and len(shapes) < len(texts)

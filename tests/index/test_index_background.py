@@ -154,7 +154,8 @@ def test_a_partial_index_answers_by_words_and_says_how_far_it_is(tiny_kiln: Path
         ix.close()
 
 
-def test_a_stopped_update_resumes_without_reembedding(tmp_path: Path) -> None:
+def test_a_stopped_update_resumes_without_reembedding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_module, "GROUP_NOTES", 32)  # a small kiln in several groups
     root = tmp_path / "kiln"
     write_notes(root, many_notes(100))  # 4 groups of notes
     ix = KilnIndex.open(root, Config())
@@ -364,7 +365,7 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
     cru_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
     root = tmp_path / "kiln"
-    notes = 1500  # enough that the session's build is still running when the other cru starts
+    notes = 1500
     write_notes(root, many_notes(notes))
     params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
     async with Client(params, mode="legacy") as c:
@@ -393,13 +394,38 @@ async def test_a_session_and_cru_kiln_index_share_the_kiln(
         assert f"being updated now by another cru (pid {session})" in text.stdout.decode()
         assert "\nindex: being updated: " in text.stdout.decode()  # not "stale", while it is built
         # `cru kiln index` beside it: waits for the session's build (showing it), then runs.
-        other = await trio.run_process(
-            [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
-            capture_stdout=True, capture_stderr=True, check=False)
-        err = other.stderr.decode()
-        assert other.returncode == 0, err
-        assert f"waiting for another cru (pid {session})" in err and "locked" not in err
-        assert json.loads(other.stdout)["notes_seen"] == notes
+        # The session's writer is paused meanwhile, so its build is still running however fast
+        # this machine embeds.
+        writer = index["building"]["pid"]
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            other = await trio.lowlevel.open_process(
+                [cru_bin, "kiln", "index", "--kiln", str(root), "--json"], env=clean_env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert other.stdout is not None and other.stderr is not None
+            err = b""
+            with trio.fail_after(60):
+                while f"waiting for another cru (pid {session})".encode() not in err:
+                    chunk = await other.stderr.receive_some()
+                    assert chunk, err.decode()
+                    err += chunk
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        out = b""
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                async def drain_err() -> None:
+                    nonlocal err
+                    while chunk := await other.stderr.receive_some():  # type: ignore[union-attr]
+                        err += chunk
+
+                nursery.start_soon(drain_err)
+                while chunk := await other.stdout.receive_some():
+                    out += chunk
+            await other.wait()
+        assert other.returncode == 0, err.decode()
+        assert "locked" not in err.decode()
+        assert json.loads(out)["notes_seen"] == notes
         # the session searched throughout and ends with the whole kiln embedded
         with trio.fail_after(120):
             while (state := await phase()).get("phase") != "ready":  # noqa: ASYNC110 - seen by asking

@@ -32,6 +32,7 @@ from crucible.kiln.search import (
     snippet,
     text_search,
 )
+from crucible.kiln.store import TEXT_KEY
 
 
 @pytest.fixture
@@ -76,6 +77,25 @@ def test_results_are_notes_with_their_best_section(tiny_index: KilnIndex) -> Non
         assert (tiny_index.root / top.path).read_text().splitlines()[top.line - 1].startswith("Garlic")
         assert [r.score for r in results] == sorted((r.score for r in results), reverse=True)
     assert hybrid_search(tiny_index, "chili flakes and garlic warmed in oil", 10)[0].score == 1.0
+
+
+def test_an_index_that_keeps_chunk_text_as_documents_still_shows_snippets(tiny_index: KilnIndex) -> None:
+    """Chunk text is kept in the rows' metadata (Chroma's document index was the costliest
+    part of a write); an index written before keeps it as the rows' documents, and is read as
+    it is, without a rebuild."""
+    chunks = tiny_index.chroma.chunks
+    got = chunks.get(include=["metadatas", "documents", "embeddings"])
+    assert all(m[TEXT_KEY] for m in got["metadatas"]) and not any(got["documents"])
+    texts_now = tiny_index.chroma.chunk_texts()
+    old_metas = [{k: v for k, v in m.items() if k != TEXT_KEY} for m in got["metadatas"]]
+    chunks.delete(ids=got["ids"])
+    chunks.add(ids=got["ids"], embeddings=got["embeddings"], metadatas=old_metas,
+               documents=[m[TEXT_KEY] for m in got["metadatas"]])
+    assert tiny_index.chroma.chunk_texts() == texts_now
+    for search in (semantic_search, hybrid_search):
+        top = search(tiny_index, "chili flakes and garlic warmed in oil", 10)[0]
+        assert (top.path, top.heading) == ("Cooking/Pasta.md", "Pasta night > Sauce")
+        assert top.snippet.startswith("Garlic, olive oil")
 
 
 def test_search_after_edit_and_json_shape(tiny_index: KilnIndex, tiny_kiln: Path) -> None:
