@@ -664,23 +664,28 @@ def compare_old(base: Path, notes: int, model: str | None = None) -> None:
           "(goal <= 2%)", flush=True)
 
 
-def _old_code(base: Path) -> Path:
-    """The package as it was before issue 15 (OLD_COMMIT), extracted once under `base`."""
-    old_code = base / f"old-code-{OLD_COMMIT}"
+def _old_code(base: Path, ref: str = OLD_COMMIT) -> Path:
+    """The package as it was at `ref` (by default before issue 15), extracted once under `base`."""
+    old_code = base / f"old-code-{ref}"
     if not old_code.is_dir():
         old_code.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "crucible"],
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", ref],
+                                capture_output=True, text=True, check=True).stdout.split()
+        packages = [p for p in ("crucible", "mcp_bridge") if p in listed]
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, *packages],
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_code)], input=archive, check=True)
     return old_code
 
 
-def command_models(base: Path, notes: int, rounds: int, with_old: bool = False) -> None:
+def command_models(base: Path, notes: int, rounds: int, with_old: bool = False, against: str | None = None,
+                   models: bool = True) -> None:
     """`cru kiln index` (the command a person types) on copies of a generated kiln, alternated in
     new processes, same run, wall and CPU time: the default embedder (`auto`: OpenVINO in bfloat16
     where the CPU has it), onnxruntime in fp32 (the default before), the int8 option; with
     `with_old`, also the code before issue 15's `cru kiln index` (OLD_COMMIT), the build time the
-    issue's "half of today's" is measured against."""
+    issue's "half of today's" is measured against; with `against`, that git ref's `cru kiln
+    index` too (its default embedder); without `models`, only the default of this code."""
     import resource
 
     src = base / f"generated-{notes}"
@@ -694,8 +699,11 @@ def command_models(base: Path, notes: int, rounds: int, with_old: bool = False) 
     if with_old:
         commands[f"before issue 15 ({OLD_COMMIT})"] = (
             [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_old_code(base))})
+    if against:
+        commands[f"at {against}"] = (
+            [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_old_code(base, against))})
     commands["default (auto)"] = ([CRU], clean)
-    for label, text in configs.items():
+    for label, text in configs.items() if models else ():
         config = base / f"{label.split()[0]}.toml"
         config.write_text(text)
         commands[label] = ([CRU], {**clean, "CRUCIBLE_CONFIG": str(config)})
@@ -760,11 +768,16 @@ def main() -> int:
                     help="`cru kiln index`: the default embedder vs onnxruntime fp32 vs the int8 option")
     ap.add_argument("--with-old", action="store_true",
                     help="--command-models: also the code before issue 15's `cru kiln index`")
+    ap.add_argument("--against", metavar="REF",
+                    help="--command-models: also `cru kiln index` of this git ref (e.g. a session's start)")
+    ap.add_argument("--default-only", action="store_true",
+                    help="--command-models: of this code, only the default embedder")
     args = ap.parse_args()
     if args.command_models:
         base = cache_dir() / "sessions"
         base.mkdir(parents=True, exist_ok=True)
-        command_models(base, args.notes or 2000, args.command_models, args.with_old)
+        command_models(base, args.notes or 2000, args.command_models, args.with_old, args.against,
+                       models=not args.default_only)
         return 0
     modes_notes = args.notes or 2000
     args.notes = args.notes or 10_000
