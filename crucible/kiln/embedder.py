@@ -15,6 +15,7 @@ collection's persisted config holds only provider, model and url (no paths, no k
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import importlib.resources
@@ -498,14 +499,19 @@ class _OpenVinoSession:
         with self._queue_lock:  # one build at a time owns the queue; a query takes `run`
             free = list(self._queue)
             active: collections.deque[Any] = collections.deque()
-            for batch in feeds:
-                if not free:
-                    free.append(self._collect(active.popleft(), out))
-                request = free.pop()
-                request.start_async(dict(batch))
-                active.append(request)
-            while active:
-                self._collect(active.popleft(), out)
+            try:
+                for batch in feeds:
+                    if not free:
+                        free.append(self._collect(active.popleft(), out))
+                    request = free.pop()
+                    request.start_async(dict(batch))
+                    active.append(request)
+                while active:
+                    self._collect(active.popleft(), out)
+            finally:  # after a failed batch, the others finish before the queue is used again
+                for request in active:
+                    with contextlib.suppress(Exception):  # the first failure is the one raised
+                        request.wait()
         return out
 
     @staticmethod

@@ -135,6 +135,25 @@ def test_openvino_that_cannot_load_falls_back_to_onnxruntime_and_says_so(
     assert "remove `runtime`" in (err.value.fix or "")
 
 
+@pytest.mark.skipif(not emb._openvino_installed(),
+                    reason="OpenVINO is not installed here")
+def test_a_failed_batch_in_openvinos_queue_leaves_it_usable(reference: list[dict]) -> None:
+    """A build's batches are queued on OpenVINO's streams: one that fails raises, and the next
+    call gets vectors (no request of the queue is left busy)."""
+    texts = [item["text"] for item in reference]
+    embedder = MiniLMEmbedder(runtime="openvino")
+    before = embedder.embed(texts)
+    runtime = emb._runtime(embedder.threads, False, "openvino")
+    assert runtime.runtime == "openvino"
+    good = {"input_ids": np.array([[101, 7592, 102]] * 2, dtype=np.int32),
+            "attention_mask": np.ones((2, 3), dtype=np.int32)}
+    bad = {"input_ids": np.array([[101, 7592, 102]], dtype=np.int32),
+           "attention_mask": np.ones((1, 5), dtype=np.int32)}  # widths that do not match
+    with pytest.raises(Exception):  # noqa: B017 - OpenVINO raises its own types
+        runtime.session.run_batches([good] * 5 + [bad] + [good] * 5)
+    assert (embedder.embed(texts) * before).sum(axis=1).min() > 0.99999
+
+
 def test_output_is_float32_unit_rows_in_input_order(
     builtin: Embedder, reference: list[dict]
 ) -> None:
