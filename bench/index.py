@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -741,6 +742,9 @@ def show(label: str, what: str, r: IndexReport) -> None:
 
 
 def main() -> int:
+    # Stopped (a timeout, kill): leave by an exception, so subprocess.run kills the `cru` it
+    # waits for and each MCP client closes its `cru mcp`'s stdin, instead of orphaning them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--notes", type=int, default=None,
                     help="size of the generated kiln (default 10,000; 2,000 for --modes)")

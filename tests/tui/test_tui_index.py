@@ -16,10 +16,17 @@ from pathlib import Path
 import pytest
 from conftest import Screen, TuiRunner, group_gone
 
+from crucible.kiln.index import GROUP_NOTES
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from gated_embedder import GatedEmbedder  # noqa: E402
 
-NOTES = 200  # one chunk each: groups of 32 notes, one embedder request each (batch_size 32)
+# One chunk each, and the index embeds and writes GROUP_NOTES notes at a time: four groups, the
+# last short, each PER_GROUP embedder requests (batch_size 32), REQUESTS in all.
+NOTES = 3 * GROUP_NOTES + 16
+PER_GROUP = -(-GROUP_NOTES // 32)
+REQUESTS = -(-NOTES // 32)
+GROUPS = -(-NOTES // GROUP_NOTES)
 CTRL_D = "\x04"
 INDEXING = re.compile(r"indexing (\d+)%")
 OTHERS = re.compile(r"indexing (\d+)% \(another cru\)")
@@ -75,15 +82,15 @@ def test_the_status_bar_shows_the_index_build_then_not(tui: TuiRunner, embedder:
     screen.wait_for(lambda _s: percent(screen) == 0 and "ready" in status(screen), timeout=60)
     assert embedder.requested.wait(60)
     # One group of notes at a time: the share goes up, and the chat answers meanwhile.
-    for _ in range(NOTES // 32):
-        embedder.allow(1)
+    for _ in range(GROUPS):
+        embedder.allow(PER_GROUP)
         if shows_within(screen, lambda: (percent(screen) or 0) > 0, 5):
             break
     shown = percent(screen)
     assert shown is not None and 0 < shown < 100, status(screen)
     screen.type_line("hello")
     screen.wait_for("echo: hello")
-    assert percent(screen) is not None and embedder.answered < NOTES // 32 + 1  # still building
+    assert percent(screen) is not None and embedder.answered < REQUESTS  # still building
     # The rest: the bar no longer speaks of the index once it is ready.
     embedder.open()
     screen.wait_for(lambda _s: "ready" in status(screen) and "index" not in status(screen), timeout=120)
@@ -106,8 +113,7 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
 ) -> None:
     embedder.open()
     screen = tui.open(None, cols=120)
-    groups = -(-NOTES // 32)
-    screen.wait_for(lambda _s: embedder.answered >= groups and "ready" in status(screen)
+    screen.wait_for(lambda _s: embedder.answered >= REQUESTS and "ready" in status(screen)
                     and "index" not in status(screen), timeout=120)
     # Built. Now another terminal rebuilds the index; its embedding waits at the gate.
     embedder.shut()
@@ -120,12 +126,12 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
             return int(m.group(1)) if m else -1
 
         screen.wait_for(lambda _s: others() == 0, timeout=60)
-        for _ in range(groups):  # one group of notes at a time, as in the test above
-            embedder.allow(1)
+        for _ in range(GROUPS):  # one group of notes at a time, as in the test above
+            embedder.allow(PER_GROUP)
             if shows_within(screen, lambda: others() > 0, 5):
                 break
         left_at = others()
-        assert 0 < left_at < 100 and embedder.answered < 2 * groups, status(screen)
+        assert 0 < left_at < 100 and embedder.answered < 2 * REQUESTS, status(screen)
         if end == "done":
             embedder.open()
             _, err = other.communicate(timeout=120)
@@ -140,7 +146,7 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
         # Done: the bar no longer speaks of the index.
         screen.wait_for(lambda _s: "index" not in status(screen), timeout=60)
         if end != "done":
-            assert embedder.requests - asked < groups  # what the other wrote was not embedded again
+            assert embedder.requests - asked < REQUESTS  # what the other wrote was not embedded again
     finally:
         if other.poll() is None:
             other.kill()
