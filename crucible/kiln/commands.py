@@ -164,12 +164,17 @@ def cmd_index(args: argparse.Namespace) -> int:
     root, config = _setup(args)
     rebuild = bool(getattr(args, "rebuild", False))
     ensure_model_for(config.embedder.provider)  # an installed cru fetches its weights once
-    index = KilnIndex.open(root, config, rebuild=rebuild)
+    progress = _progress_bar if sys.stderr.isatty() else _progress_lines
+    index: KilnIndex | None = None
     try:
-        progress = _progress_bar if sys.stderr.isatty() else _progress_lines
         with progress() as (show, waiting):
-            # One writer per kiln: a session indexing in the background (or another
-            # `cru kiln index`) is waited for, with its progress shown; then this one runs.
+            # One writer per kiln: a session indexing in the background (or another `cru kiln
+            # index`) is waited for, with its progress shown; then this one runs. Waited for
+            # before the store is opened too: opening waits in silence on Chroma's database
+            # while the other writes to it (a writer paused mid-write kept this command quiet).
+            while (status := build_status(root)) is not None and waiting(status):
+                time.sleep(0.5)
+            index = KilnIndex.open(root, config, rebuild=rebuild)
             report = index.update(progress=show, rebuild=rebuild, wait=waiting)
         index.warm_lexical()  # saved under .crucible/: the next search needs no rebuild
         if args.json:
@@ -177,7 +182,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         else:
             print(_summary(report, index))
     finally:
-        index.close()
+        if index is not None:
+            index.close()
     return 0
 
 
