@@ -501,9 +501,7 @@ class _OpenVinoSession:
             active: collections.deque[Any] = collections.deque()
             try:
                 for batch in feeds:
-                    if not free:
-                        free.append(self._collect(active.popleft(), out))
-                    request = free.pop()
+                    request = free.pop() if free else self._collect(active.popleft(), out)
                     request.start_async(dict(batch))
                     active.append(request)
                 while active:
@@ -516,6 +514,7 @@ class _OpenVinoSession:
 
     @staticmethod
     def _collect(request: Any, out: list[np.ndarray]) -> Any:
+        """Wait for the request's batch, add its embeddings to `out`; the request, free again."""
         request.wait()
         # Copied: the request's output buffer is overwritten by its next batch.
         out.append(np.array(request.get_output_tensor(0).data, copy=True))
@@ -690,7 +689,8 @@ def _runtime(threads: int, int8: bool = False, runtime: str = "auto") -> _Runtim
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2, offline, on onnxruntime. The model loads on the first `embed` (~1 s)."""
+    """all-MiniLM-L6-v2, offline, on OpenVINO or onnxruntime (`chosen_runtime`). The model loads
+    on the first `embed` (~1 s)."""
 
     dim = 384
 

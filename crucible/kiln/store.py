@@ -45,7 +45,7 @@ PAGE = 2000
 # The metadata key that holds a chunk's text. Not the row's document: Chroma indexes documents
 # for full-text search, which Crucible never asks it for (BM25 is its own), and an embedded
 # Chroma's write holds the GIL throughout; documents made 7,000 chunks' writes take 5.9 s
-# instead of 3.4 s, while the embedding threads waited for the GIL (measured, chromadb 1.5).
+# instead of 3.4 s, while the build's embedding waited for the GIL (measured, chromadb 1.5).
 TEXT_KEY = "text"
 
 
