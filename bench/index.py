@@ -665,15 +665,12 @@ def compare_old(base: Path, notes: int, model: str | None = None) -> None:
           "(goal <= 2%)", flush=True)
 
 
-def _old_code(base: Path, ref: str = OLD_COMMIT) -> Path:
-    """The package as it was at `ref` (by default before issue 15), extracted once under `base`."""
-    old_code = base / f"old-code-{ref}"
+def _old_code(base: Path) -> Path:
+    """The package as it was before issue 15 (OLD_COMMIT), extracted once under `base`."""
+    old_code = base / f"old-code-{OLD_COMMIT}"
     if not old_code.is_dir():
         old_code.mkdir(parents=True)
-        listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", ref],
-                                capture_output=True, text=True, check=True).stdout.split()
-        packages = [p for p in ("crucible", "mcp_bridge") if p in listed]
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, *packages],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", OLD_COMMIT, "crucible"],
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_code)], input=archive, check=True)
     return old_code
@@ -702,7 +699,7 @@ def command_models(base: Path, notes: int, rounds: int, with_old: bool = False, 
             [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_old_code(base))})
     if against:
         commands[f"at {against}"] = (
-            [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_old_code(base, against))})
+            [sys.executable, "-m", "crucible.cli"], {**clean, "PYTHONPATH": str(_code_of(base, against)[1])})
     commands["default (auto)"] = ([CRU], clean)
     for label, text in configs.items() if models else ():
         config = base / f"{label.split()[0]}.toml"
