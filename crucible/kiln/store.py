@@ -62,12 +62,14 @@ class StaleViewError(IndexUnusableError):
     since this one opened it: Chroma 1.5 says "Error executing plan: … Error creating hnsw
     segment reader: Nothing found on disk" or "… Error finding id" until it is opened again
     (seen while the index worker writes a kiln's first vectors), "Collection … does not exist"
-    while another process rebuilds it, and "disk I/O error" when its files were replaced.
+    or "Error getting collection: Missing field: [Missing metadata segment]" while another
+    process rebuilds it (its collections dropped and made again), and "disk I/O error" when its
+    files were replaced.
     Opening it again is the cure (`KilnIndex.reading`); a store that still fails then is damaged."""
 
 
 # How Chroma's messages say so (see StaleViewError), in lower case.
-_STALE_VIEW_SIGNS = ("error executing plan", "disk i/o error", "does not exist")
+_STALE_VIEW_SIGNS = ("error executing plan", "disk i/o error", "does not exist", "missing metadata segment")
 
 
 def _clean(message: str, root: Path) -> str:

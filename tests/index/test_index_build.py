@@ -235,6 +235,13 @@ def test_store_errors_become_messages_with_the_fix(tiny_kiln: Path) -> None:
             raise RuntimeError(f"no such table in {tiny_kiln}/.crucible/chroma/chroma.sqlite3")
     assert "damaged" in err.value.message and err.value.fix == REBUILD
     assert str(tiny_kiln) not in str(err.value)
+    assert not isinstance(err.value, store_mod.StaleViewError)  # damaged: opening again will not help
+    # What an embedded Chroma says while another process drops and makes its collections again
+    # (seen in CI during `cru kiln index --rebuild`): a stale view, which the reader retries
+    # after opening the store again, not a damaged store.
+    with pytest.raises(store_mod.StaleViewError):
+        with store_mod.store_errors(tiny_kiln, STORE_DIR, "searching it"):
+            raise RuntimeError("Error getting collection: Missing field: [Missing metadata segment]")
 
 
 def test_corrupt_store_says_rebuild_and_rebuild_fixes_it(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
