@@ -313,11 +313,7 @@ class CrucibleKilnBackend:
         return self._call(query, ranked)
 
     def _share(self) -> IndexShare:
-        background = self._indexer()
-        state = background.state()
-        if state.phase in ("embedding", "waiting") and state.notes:
-            return IndexShare(embedded=state.embedded, notes=state.notes)
-        embedded, notes = background.share()  # the share known last if the store cannot be read
+        embedded, notes = self._indexer().current_share()
         return IndexShare(embedded=embedded, notes=notes)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:

@@ -262,6 +262,19 @@ class BackgroundIndex:
                 except Exception:  # a listener's bug must not stop the index
                     log.exception("index state listener failed")
 
+    def current_share(self) -> tuple[float, int]:
+        """The share a search reports: the progress of the update running (this process's, or
+        another's it follows), else read from the open index. Read also when another's update
+        has just ended and the follower has not looked yet (once a second): it said 0.0 after a
+        `--rebuild` that had made the whole index again."""
+        from crucible.kiln.index import build_status  # with chromadb: loaded with the open index
+
+        state = self.state()
+        if state.notes and (state.phase == "embedding"
+                            or (state.phase == "waiting" and build_status(self.root) is not None)):
+            return state.embedded, state.notes
+        return self.share()
+
     def share(self) -> tuple[float, int]:
         """(the share of notes embedded, readable notes) read from the open index."""
         from crucible.kiln.store import StaleViewError  # chromadb: loaded with the open index

@@ -476,49 +476,70 @@ async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     """`cru mcp` serving an embedded kiln while `cru kiln index --rebuild` in another process
     throws the store away and builds it again: the first search after the store's files were
     replaced failed with "disk I/O error" and the advice to run the rebuild that was running.
-    Every search answers (by words while the new store is empty of this note), and by
-    meaning again when the rebuild is done."""
+    The embedder is a real HTTP server that holds the rebuild's batches until the test lets
+    them go (the search's own query is answered at once), so the searches run while the new
+    store is empty, however fast this machine builds. Every search answers, by words while
+    the new store lacks this note, and from the whole index when the rebuild is done."""
     root = tmp_path / "kiln"
     notes = 300
+    query = "uniqueword123"
     write_notes(root, many_notes(notes))
-    built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
-                                   capture_stdout=True, capture_stderr=True, check=False)
-    assert built.returncode == 0, built.stderr.decode()
-    params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
-    failed: list[str] = []
-    found: list[str] = []
-    async with Client(params, mode="legacy") as c:
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                       capture_stdout=True, capture_stderr=True, check=False)
+        assert built.returncode == 0, built.stderr.decode()
+        params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
+        failed: list[str] = []
+        found: list[str] = []
+        shares: list[float] = []
+        async with Client(params, mode="legacy") as c:
 
-        async def search() -> None:
-            r = await c.call_tool("semantic_search", {"query": "uniqueword123", "limit": 1})
-            if r.is_error:
-                failed.append(" ".join(_texts(r)))
-            else:
-                assert r.structured_content is not None
-                found.append(r.structured_content["results"][0]["path"])
+            async def search() -> None:
+                r = await c.call_tool("semantic_search", {"query": query, "limit": 1})
+                if r.is_error:
+                    failed.append(" ".join(_texts(r)))
+                else:
+                    assert r.structured_content is not None
+                    found.append(r.structured_content["results"][0]["path"])
+                    shares.append(r.structured_content["index"]["embedded"])
 
-        await search()
-        assert not failed and found == ["batch-02/note-0123.md"]
-        with trio.fail_after(240):
-            async with trio.open_nursery() as nursery:
-                done = trio.Event()
-
-                async def rebuild() -> None:
-                    other = await trio.run_process(
-                        [cru_bin, "kiln", "index", "--rebuild", "--kiln", str(root)], env=clean_env,
-                        capture_stdout=True, capture_stderr=True, check=False)
-                    assert other.returncode == 0, other.stderr.decode()
-                    done.set()
-
-                nursery.start_soon(rebuild)
-                while not done.is_set():
-                    await search()
-                    await trio.sleep(0.2)
-        for _ in range(3):
             await search()
+            assert not failed and found == ["batch-02/note-0123.md"] and shares == [1.0]
+            embedder.shut()
+            built_requests = embedder.requests
+            with trio.fail_after(240):
+                async with trio.open_nursery() as nursery:
+                    done = trio.Event()
+
+                    async def rebuild() -> None:
+                        other = await trio.run_process(
+                            [cru_bin, "kiln", "index", "--rebuild", "--kiln", str(root)], env=clean_env,
+                            capture_stdout=True, capture_stderr=True, check=False)
+                        assert other.returncode == 0, other.stderr.decode()
+                        done.set()
+
+                    nursery.start_soon(rebuild)
+                    while embedder.requests == built_requests:  # the store is thrown away before the first batch
+                        await search()
+                        await trio.sleep(0.05)
+                    held = len(found)
+                    for _ in range(10):  # the rebuild waits at its first batch: the new store is empty
+                        await search()
+                        await trio.sleep(0.05)
+                    assert not failed, failed[:3]
+                    assert found[held:] == ["batch-02/note-0123.md"] * 10  # found by its word
+                    assert shares[-1] == 0.0  # and the answer says nothing is embedded yet
+                    embedder.open()
+                    while not done.is_set():
+                        await search()
+                        await trio.sleep(0.05)
+            for _ in range(3):
+                await search()
     assert not failed, failed[:3]
-    assert len(found) > 10  # searched while the other process rebuilt
     assert found[-3:] == ["batch-02/note-0123.md"] * 3
+    assert shares[-1] == 1.0
 
 
 @contextmanager
