@@ -23,6 +23,7 @@ each file's (mtime, size), so a new process re-reads only the notes that changed
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import posixpath
@@ -62,6 +63,9 @@ ANCHOR_WORDS = 10
 # Links of one note whose words count: past that a note is a list of links (an index), not
 # descriptions, and a hostile note of a million links must not cost a million entries.
 MAX_LINKS = 1000
+# Distinct terms kept of one note, its most frequent: a book has some 20,000 distinct words,
+# and a hostile 10 MB note of a million distinct ones cost 830 MB in `cru kiln index`.
+MAX_NOTE_TERMS = 50_000
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
@@ -257,7 +261,10 @@ def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
         if word not in _STOPWORDS:
             term = _stem(word)
             counts[term] = counts.get(term, 0) + n
-    return counts, sum(counts.values())
+    length = sum(counts.values())  # the note's length stays what it is: BM25 weighs by it
+    if len(counts) > MAX_NOTE_TERMS:
+        counts = dict(heapq.nlargest(MAX_NOTE_TERMS, counts.items(), key=lambda item: item[1]))
+    return counts, length
 
 
 # ---------------------------------------------------------------------------------------------

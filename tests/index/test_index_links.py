@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.kiln.anchors import LinkGraph
-from crucible.kiln.lexical import ANCHOR_WORDS, MAX_LINKS, LexicalIndex, link_terms, note_fields
+from crucible.kiln.lexical import (
+    ANCHOR_WORDS,
+    MAX_LINKS,
+    MAX_NOTE_TERMS,
+    LexicalIndex,
+    link_terms,
+    note_fields,
+)
 
 
 def _write(root: Path, rel: str, text: str) -> None:
@@ -86,6 +93,23 @@ def test_a_note_of_many_links_counts_the_first_ones_read_in_one_pass() -> None:
     assert links["t500"] == {f"w{i}": 1 for i in range(501 - ANCHOR_WORDS, 501 + ANCHOR_WORDS)}
     last = MAX_LINKS - 1  # the words after the last one counted: up to the next link
     assert links[f"t{last}"] == {f"w{i}": 1 for i in range(last + 1 - ANCHOR_WORDS, last + 2)}
+
+
+def test_a_note_of_more_distinct_words_than_a_book_keeps_its_most_frequent(tmp_path: Path) -> None:
+    """A hostile note of a million distinct words cost 830 MB in `cru kiln index` (each word a
+    posting). The lexical index keeps the note's MAX_NOTE_TERMS most frequent terms, the title's
+    among them, and its length as it is; the words of other notes are found as before."""
+    words = " ".join(f"zq{i}x" for i in range(MAX_NOTE_TERMS + 20_000))
+    _write(tmp_path, "Big.md", f"# Pelican migration\n\n{words}\n\nPelicans fly south. Pelicans rest.\n")
+    _write(tmp_path, "Small.md", "# Small\n\nA heron and a pelican.\n")
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    counts = lex.bm25.counts("Big.md")
+    assert len(counts) == MAX_NOTE_TERMS
+    assert counts["pelican"] >= 3 and "migrat" in counts  # the title's words and the repeated one
+    assert lex.bm25.length("Big.md") > MAX_NOTE_TERMS + 20_000  # as long as it is
+    assert _found(lex, "pelican migration")[0] == "Big.md"
+    assert _found(lex, "heron") == ["Small.md"]
 
 
 def test_many_notes_of_one_name_cost_links_resolved_in_proportion(
