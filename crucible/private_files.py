@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["FILE_MODE", "FOLDER_MODE", "open_private", "private_dir"]
+__all__ = ["FILE_MODE", "FOLDER_MODE", "open_private", "private_dir", "private_tree"]
 
 FILE_MODE = 0o600
 FOLDER_MODE = 0o700
@@ -37,6 +37,21 @@ def private_dir(path: Path, *, own_up_to: Path | None = None) -> Path:
             except OSError:
                 pass
     return path
+
+
+def private_tree(path: Path) -> None:
+    """Close what another library wrote under `path` with the process's umask (Chroma's
+    database and segment files come out 0644 in 0755 folders): files 0600, folders 0700.
+    Links are not followed; what cannot be changed is left (best effort, like the rest)."""
+    for folder, dirs, files in os.walk(path):
+        for name, mode in [(d, FOLDER_MODE) for d in dirs] + [(f, FILE_MODE) for f in files]:
+            entry = os.path.join(folder, name)
+            try:
+                st = os.lstat(entry)
+                if not os.path.islink(entry) and st.st_mode & 0o077:
+                    os.chmod(entry, mode)
+            except OSError:
+                pass
 
 
 def open_private(path: Path, mode: str = "a", **kwargs: Any) -> IO[Any]:

@@ -35,7 +35,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk
 from crucible.kiln.embedder import CrucibleEmbeddingFunction, Embedder
 from crucible.kiln.paths import STORE_DIR, KilnPathError, reserved_dir
-from crucible.private_files import private_dir
+from crucible.private_files import private_dir, private_tree
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
 INDEX_FORMAT = 2  # 2: an 'about' chunk per note (chunking.note_about)
@@ -209,7 +209,7 @@ class ChromaStore:
     """The two collections of one kiln's index. Every method blocks."""
 
     def __init__(self, root: Path, name: str, client: Any, embedder: Embedder, label: str,
-                 local: Path | None) -> None:
+                 local: Path | None, *, replacing: bool = False) -> None:
         self.root = root
         self.name = name
         self.client = client
@@ -219,6 +219,7 @@ class ChromaStore:
         self.chunks: Any = None  # the Chroma collection of chunk rows
         self.notes: Any = None  # the Chroma collection of note rows
         self.needs_rebuild: str | None = None
+        self._replacing = replacing  # a server's collections to drop at the update (--rebuild)
         self._attach()
 
     @classmethod
@@ -227,7 +228,8 @@ class ChromaStore:
         store damaged so that it cannot even be opened is thrown away first (a healthy one is
         emptied by the update, under the writer lock: a session searching it meanwhile sees its
         collections go and come back, never its files pulled away); a server's collections
-        are dropped."""
+        are dropped by the update too (`replacing`: what they hold, even another kiln's index,
+        is not checked)."""
         name = config.index.collection
         if not _COLLECTION_NAME.fullmatch(name):
             raise CrucibleError(
@@ -237,10 +239,7 @@ class ChromaStore:
             )
         url = config.index.url
         if url:
-            client = _http_client(url)
-            if rebuild:
-                _drop_collections(client, name, root, url)
-            return cls(root, name, client, embedder, url, None)
+            return cls(root, name, _http_client(url), embedder, url, None, replacing=rebuild)
         local = _local_store(root)
         try:
             return cls(root, name, _persistent_client(local, root), embedder, STORE_DIR, local)
@@ -263,6 +262,11 @@ class ChromaStore:
             if built_with is None:
                 self.notes.modify(metadata=self.identity())
                 return
+        if self._replacing:
+            # Dropped by the update, under the kiln's writer lock: not here, where another cru
+            # may be writing them (its writes would fail on collections gone).
+            self.needs_rebuild = "asked for (--rebuild)"
+            return
         other = meta.get("kiln")
         if self.local is None and other not in (None, self.root.name):
             # A server is shared: never let this kiln's update wipe another kiln's index.
@@ -299,6 +303,7 @@ class ChromaStore:
         with self.errors("rebuilding it"):
             _drop_collections(self.client, self.name, self.root, self.label)
             self.needs_rebuild = None
+            self._replacing = False
             self._attach()
 
     def close(self) -> None:
@@ -308,6 +313,8 @@ class ChromaStore:
                 closer()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
+        if self.local is not None:
+            private_tree(self.local)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -324,6 +331,8 @@ class ChromaStore:
         generation = uuid.uuid4().hex
         with self.errors("updating it"):
             self.notes.modify(metadata={**self.identity(), "generation": generation})
+        if self.local is not None:  # after each update's writes: the files Chroma made since
+            private_tree(self.local)
         return generation
 
     def manifest(self) -> dict[str, NoteEntry]:
@@ -523,7 +532,9 @@ def _local_store(root: Path) -> Path:
 def _persistent_client(path: Path, root: Path) -> Any:
     with store_errors(root, STORE_DIR, "opening it"):
         reserved_dir(root)
-        return chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
+        client = chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
+    private_tree(path)  # its database, made just now (or by an older version) with the umask
+    return client
 
 
 def _wipe_local(path: Path) -> None:

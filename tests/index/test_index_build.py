@@ -274,12 +274,15 @@ def test_chroma_server_same_code_path(tiny_kiln: Path, opened: list[KilnIndex], 
     other = chromadb.HttpClient(host=host.split("//")[1], port=int(port))
     assert other.get_collection("tiny-server", embedding_function=None).count() == 4
     assert other.get_collection("tiny-server-notes", embedding_function=None).count() == 2
-    # a rebuild through the server drops and refills the collections
+    # a rebuild through the server drops and refills the collections, in the update (under the
+    # kiln's writer lock), not when it opens them: another cru may be writing them then
     ix.close()
     opened.remove(ix)
     ix = open_index(tiny_kiln, opened, config, rebuild=True)
-    assert ix.count_notes() == 0
-    assert ix.update().notes_indexed == 2
+    assert ix.count_notes() == 2 and ix.needs_rebuild
+    report = ix.update()
+    assert report.notes_indexed == 2 and report.rebuilt and not ix.needs_rebuild
+    assert other.get_collection("tiny-server", embedding_function=None).count() == 4
 
 
 def test_unreachable_server_is_a_clear_error(tiny_kiln: Path) -> None:
@@ -322,6 +325,7 @@ def test_shared_server_collection_is_not_taken_over_silently(
     # the first kiln's index is intact; a rebuild from the second one takes the collection over
     assert sorted(open_index(first, opened, config).manifest()) == ["A.md"]
     taken = open_index(second, opened, config, rebuild=True)
+    assert sorted(open_index(first, opened, config).manifest()) == ["A.md"]  # until it updates
     assert taken.update().notes_indexed == 1 and sorted(taken.manifest()) == ["B.md"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -203,6 +204,35 @@ def test_a_crucible_folder_that_is_a_link_is_not_written_through(
         assert folder.stat().st_mode & 0o777 == 0o700
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
     assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+
+
+def test_the_index_files_are_the_persons_alone(cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path) -> None:
+    """The index holds the notes' text: Chroma wrote its database and segment files 0644 in
+    0755 folders (the process's umask). Every file under .crucible is 0600 and every folder
+    0700, after a build, a search, an update, and for an index an older version left open."""
+
+    def opened_up() -> list[str]:
+        out = []
+        for folder, dirs, files in os.walk(tiny_kiln / ".crucible"):
+            for name in dirs + files:
+                path = Path(folder, name)
+                if path.stat().st_mode & 0o077:
+                    out.append(f"{oct(path.stat().st_mode & 0o777)} {path.relative_to(tiny_kiln)}")
+        return out
+
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 0, done.stderr
+    files = [p for p in (tiny_kiln / ".crucible" / "chroma").rglob("*") if p.is_file()]
+    assert any(p.name == "chroma.sqlite3" for p in files) and any(p.suffix == ".bin" for p in files)
+    assert opened_up() == []
+    assert cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost").returncode == 0
+    (tiny_kiln / "Garden" / "New.md").write_text("# New\n\nA note about worms in the compost.\n")
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
+    assert opened_up() == []
+    for p in (tiny_kiln / ".crucible" / "chroma").rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)  # as the versions before this one left them
+    assert cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "worms").returncode == 0
+    assert opened_up() == []
 
 
 def test_search_without_index_and_damaged_index(
