@@ -212,6 +212,9 @@ def main() -> int:
     config = Config(embedder=EmbedderConfig(model=args.embedder_model,
                                             runtime=args.embedder_runtime or "auto"))
     if args.scale:
+        if not (args.scale / ".crucible").is_dir():  # else it would time searches of an empty kiln
+            ap.error(f"--scale {args.scale}: no indexed kiln there (bench/index.py --keep builds "
+                     "one in $CRUCIBLE_DEV_CACHE/bench/index-kilns/generated)")
         index = KilnIndex.open(kiln, config)
         index.update(progress=Printer("index"))
         index.close()

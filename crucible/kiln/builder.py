@@ -264,15 +264,21 @@ class BackgroundIndex:
 
     def current_share(self) -> tuple[float, int]:
         """The share a search reports: the progress of the update running (this process's, or
-        another's it follows), else read from the open index. Read also when another's update
-        has just ended and the follower has not looked yet (once a second): it said 0.0 after a
-        `--rebuild` that had made the whole index again."""
+        another's it follows), else read from the open index, caught up with the other
+        processes' writes first. Read also when another's update has just ended and the
+        follower has not looked yet (once a second): it said 0.0 after a `--rebuild` that had
+        made the whole index again."""
         from crucible.kiln.index import build_status  # with chromadb: loaded with the open index
+        from crucible.kiln.store import StaleViewError
 
         state = self.state()
         if state.notes and (state.phase == "embedding"
                             or (state.phase == "waiting" and build_status(self.root) is not None)):
             return state.embedded, state.notes
+        try:
+            self._index.follow_store()  # one read when no other process wrote
+        except StaleViewError:
+            pass  # `share` says the share known last
         return self.share()
 
     def share(self) -> tuple[float, int]:
