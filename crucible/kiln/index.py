@@ -64,6 +64,11 @@ EMBED_STEP = 256
 # built 2,000 generated notes in 19.0 s against 21.4 s at 32 (`cru kiln index`), and a kill -9
 # loses at most two groups' embeddings.
 GROUP_NOTES = 128
+# A small update still comes in steps: at least PROGRESS_STEPS groups (of MIN_GROUP_NOTES notes
+# or more), so the share embedded that the status bar and the searches show goes up while it
+# runs; the sample kiln's 122 notes were one group, shown at 0% until the end.
+PROGRESS_STEPS = 8
+MIN_GROUP_NOTES = 16
 # During a long update, how often the store's generation changes (other processes follow it).
 GENERATION_EVERY = 10.0
 # How often the writer updates its status file.
@@ -626,7 +631,8 @@ class KilnIndex:
         self, todo: list[_Todo], report: IndexReport, progress: ProgressFn | None,
         stop: threading.Event | None,
     ) -> None:
-        groups = [todo[i:i + GROUP_NOTES] for i in range(0, len(todo), GROUP_NOTES)]
+        size = group_notes(len(todo))
+        groups = [todo[i:i + size] for i in range(0, len(todo), size)]
         notes_done = notes_known = chunks_done = chunks_known = 0
         last_generation = time.monotonic()
 
@@ -817,6 +823,11 @@ class KilnIndex:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def group_notes(todo: int) -> int:
+    """How many notes an update of `todo` notes reads, embeds and writes together."""
+    return min(GROUP_NOTES, max(MIN_GROUP_NOTES, -(-todo // PROGRESS_STEPS)))
 
 
 def _file_hash(path: Path) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -155,6 +156,7 @@ def test_a_full_disk_says_to_free_space_and_what_was_embedded_is_kept(
         "$CRU" kiln index --kiln "$DISK/kiln" > "$OUT/second.out" 2> "$OUT/second.err"
         echo $? > "$OUT/second.rc"
         "$CRU" kiln search --kiln "$DISK/kiln" --json "sourdough starter" > "$OUT/search.out"
+        "$CRU" kiln info --kiln "$DISK/kiln" --json > "$OUT/info.out"
     """
     env = {**clean_env, "DISK": str(disk), "SRC": str(fixture_kiln_src), "CRU": cru_bin, "OUT": str(tmp_path)}
     done = subprocess.run([*prefix, "sh", "-c", run], env=env, capture_output=True, text=True, timeout=600)
@@ -167,8 +169,13 @@ def test_a_full_disk_says_to_free_space_and_what_was_embedded_is_kept(
     assert "--rebuild" not in first and "damaged" not in first and str(disk) not in first
     second = (tmp_path / "second.out").read_text()
     assert (tmp_path / "second.rc").read_text().strip() == "0", (tmp_path / "second.err").read_text()
-    kept = int(second.split(" kept)")[0].rsplit(" ", 1)[1])
-    assert kept > 0, second  # what the full disk let through was kept, not embedded again
+    # What the full disk let through was kept, not embedded again: whole groups of notes
+    # (unchanged now), or chunks written before their note's row (kept)
+    m = re.match(r"indexed \d+ notes \((\d+) chunks embedded, (\d+) kept\), (\d+) unchanged", second)
+    assert m is not None, second
+    embedded, kept, unchanged = map(int, m.groups())
+    assert kept + unchanged > 0, second
+    assert embedded < json.loads((tmp_path / "info.out").read_text())["index"]["chunks"], second
     results = json.loads((tmp_path / "search.out").read_text())["results"]
     assert results[0]["path"] == "Cooking/Sourdough starter.md"
 

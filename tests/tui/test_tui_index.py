@@ -16,17 +16,19 @@ from pathlib import Path
 import pytest
 from conftest import Screen, TuiRunner, group_gone
 
-from crucible.kiln.index import GROUP_NOTES
+from crucible.kiln.index import GROUP_NOTES, group_notes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from gated_embedder import GatedEmbedder  # noqa: E402
 
-# One chunk each, and the index embeds and writes GROUP_NOTES notes at a time: four groups, the
-# last short, each PER_GROUP embedder requests (batch_size 32), REQUESTS in all.
+# One chunk each, and the index embeds and writes `group_notes(NOTES)` notes at a time: GROUPS
+# groups, the last perhaps short, each PER_GROUP embedder requests (batch_size 32) or fewer,
+# REQUESTS in all.
 NOTES = 3 * GROUP_NOTES + 16
-PER_GROUP = -(-GROUP_NOTES // 32)
-REQUESTS = -(-NOTES // 32)
-GROUPS = -(-NOTES // GROUP_NOTES)
+SIZE = group_notes(NOTES)
+PER_GROUP = -(-SIZE // 32)
+GROUPS = -(-NOTES // SIZE)
+REQUESTS = sum(-(-min(SIZE, NOTES - k * SIZE) // 32) for k in range(GROUPS))
 CTRL_D = "\x04"
 INDEXING = re.compile(r"indexing (\d+)%")
 OTHERS = re.compile(r"indexing (\d+)% \(another cru\)")
@@ -140,13 +142,13 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
             # Stopped midway: the session builds the rest itself, from where it was left.
             other.kill()
             other.wait()
-            asked = embedder.requests
+            asked = embedder.texts
             screen.wait_for(lambda _s: (percent(screen) or 0) >= left_at and others() == -1, timeout=30)
             embedder.open()
         # Done: the bar no longer speaks of the index.
         screen.wait_for(lambda _s: "index" not in status(screen), timeout=60)
         if end != "done":
-            assert embedder.requests - asked < REQUESTS  # what the other wrote was not embedded again
+            assert embedder.texts - asked < NOTES  # what the other wrote was not embedded again
     finally:
         if other.poll() is None:
             other.kill()
