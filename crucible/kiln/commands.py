@@ -250,7 +250,7 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
 def kiln_stats(root: Path) -> dict[str, Any]:
     sizes = kiln_sizes(root)
     return {"name": root.name, "total_files": sizes.files, "markdown_files": sizes.markdown_files,
-            "total_size_bytes": sizes.total_bytes}
+            "total_size_bytes": sizes.total_bytes, "links_not_followed": sizes.unfollowed}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -282,6 +282,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"kiln: {info['name']}")
     print(f"files: {info['total_files']} ({info['markdown_files']} markdown), "
           f"{info['total_size_bytes']} bytes")
+    if info["links_not_followed"]:
+        n = info["links_not_followed"]
+        print(f"  {n} {'link is' if n == 1 else 'links are'} not followed (to a folder, out of the kiln, "
+              "or broken): `cru kiln index` lists them")
     if index_info["status"] in ("none", "unusable"):
         print(f"index: {index_info['problem']} (fix: {index_info['fix']})")
     else:

@@ -333,13 +333,15 @@ class KilnSizes:
     markdown_files: int
     total_bytes: int
     markdown_bytes: int
+    unfollowed: int = 0  # links not followed: to a folder, out of the kiln, broken
 
 
 def kiln_sizes(root: Path) -> KilnSizes:
     """File counts and sizes of the whole kiln (`cru kiln info`, the kiln_info/kiln_stats tools)."""
     files = md = total = md_total = 0
     root = root.resolve()
-    for rel in iter_files(root):
+    unfollowed: list[tuple[str, str]] = []
+    for rel in sorted(_walk(root, root, want_md=False, unfollowed=unfollowed)):
         try:
             size = (root / rel).stat().st_size
         except OSError:
@@ -349,4 +351,4 @@ def kiln_sizes(root: Path) -> KilnSizes:
         if rel.lower().endswith(".md"):
             md += 1
             md_total += size
-    return KilnSizes(files, md, total, md_total)
+    return KilnSizes(files, md, total, md_total, len(unfollowed))

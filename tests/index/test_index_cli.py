@@ -86,6 +86,12 @@ def test_index_says_which_linked_notes_it_did_not_follow(
     assert "skipped (3):\n  Elsewhere/: a link to a folder: not followed (move the folder into the kiln" in text.stdout
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
     assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+    # `cru kiln info` counts them too, and says where they are listed
+    info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln))
+    assert "\n  3 links are not followed (to a folder, out of the kiln, or broken): `cru kiln index` lists them\n" \
+        in info.stdout, info.stdout
+    info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json")
+    assert json.loads(info.stdout)["links_not_followed"] == 3
 
 
 def test_a_note_of_thousands_of_headings_is_bounded_and_still_found(
