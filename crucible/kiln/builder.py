@@ -39,6 +39,7 @@ from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.lexical import LexicalIndex, LexicalView, load_lexical
 from crucible.kiln.paths import STORE_DIR
+from crucible.kiln.writer_status import build_status, other_cru, stopped, stopped_hint
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,14 @@ class BackgroundIndex:
 
     def answers_by_words(self) -> bool:
         """Whether a search now answers by words alone without waiting for the index to open:
-        it is still opening (or not started), on a kiln with no vectors yet. Never waits."""
-        return not (self._opened.is_set() or self.config.index.url or (self.root / STORE_DIR).is_dir())
+        it is still opening (or not started), on a kiln with no vectors yet, or while another
+        process writes the store (opening it waits on that process's write; the opening waits
+        for it to go on when it is stopped, see `_run`). Never waits."""
+        if self._opened.is_set():
+            return False
+        if not (self.config.index.url or (self.root / STORE_DIR).is_dir()):
+            return True
+        return build_status(self.root) is not None
 
     @contextmanager
     def words_only(self) -> Iterator[LexicalView | None]:
@@ -268,7 +275,6 @@ class BackgroundIndex:
         processes' writes first. Read also when another's update has just ended and the
         follower has not looked yet (once a second): it said 0.0 after a `--rebuild` that had
         made the whole index again."""
-        from crucible.kiln.index import build_status  # with chromadb: loaded with the open index
         from crucible.kiln.store import StaleViewError
 
         state = self.state()
@@ -311,6 +317,15 @@ class BackgroundIndex:
             if self._stop.is_set():  # closed before the store was opened: nothing to stop
                 self._set(phase="stopped", force=True)
                 return
+            # Opening the store while another process is stopped in the middle of a write to it
+            # (Ctrl-Z on `cru kiln index | cat`) waits until it goes on, holding the GIL (Chroma's
+            # open does): the whole session froze. Wait here instead; searches answer by words.
+            while (not self.config.index.url and (status := build_status(self.root)) is not None
+                   and stopped(status)):
+                self._waiting(status)
+                if self._stop.wait(FOLLOW_EVERY):
+                    self._set(phase="stopped", force=True)
+                    return
             # chromadb (~1 s): in this thread, not at start
             from crucible.kiln.index import KilnIndex
 
@@ -347,9 +362,7 @@ class BackgroundIndex:
         self._set(phase="failed", problem=exc.message, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
-        from crucible.kiln.index import other_cru  # with chromadb: loaded by now, not at import
-
-        self._set(phase="waiting", problem=f"{other_cru(status)} is updating the index",
+        self._set(phase="waiting", problem=f"{other_cru(status)} is updating the index{stopped_hint(status)}",
                   embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
 
@@ -374,8 +387,6 @@ class BackgroundIndex:
         incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest. An update
         too small to show is finished too when it left less embedded than before it (a
         `--rebuild` of a small kiln stopped midway)."""
-        from crucible.kiln.index import build_status  # with chromadb: loaded by now, not at import
-
         busy = shown = False
         before = 1.0  # the share embedded when the other's update began
         while not self._stop.wait(FOLLOW_EVERY):

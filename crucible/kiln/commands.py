@@ -17,17 +17,11 @@ from typing import Any
 
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
-from crucible.kiln.index import (
-    STORE_DIR,
-    IndexProgress,
-    IndexReport,
-    KilnIndex,
-    build_status,
-    other_cru,
-)
+from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
+from crucible.kiln.writer_status import build_status, other_cru, stopped_hint
 from mcp_bridge.kiln_api import SearchHit
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
@@ -71,7 +65,7 @@ def _progress_bar() -> Iterator[Shows]:
         def waiting(status: dict[str, Any] | None) -> bool:
             """Another cru holds the writer lock: show its progress until it is done."""
             status = status or {}
-            label = f"waiting for {other_cru(status)}"
+            label = f"waiting for {other_cru(status)}{stopped_hint(status)}"
             c = counters.get("wait") or counters.setdefault(
                 "wait", pb(label=label, total=int(status.get("notes_total") or 0) or None))
             if status.get("notes_total"):
@@ -136,7 +130,7 @@ def _progress_lines() -> Iterator[Shows]:
             done = (f": {status['notes_done']}/{status['notes_total']} notes"
                     if status.get("notes_total") else "")
             print(f"index: waiting for {other_cru(status)} that is updating "
-                  f"this kiln's index{done}", file=sys.stderr, flush=True)
+                  f"this kiln's index{done}{stopped_hint(status)}", file=sys.stderr, flush=True)
         return True
 
     yield show, waiting
@@ -240,7 +234,22 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
         reserved_dir(root)  # refuses it with the fix: not "no index yet", then that at the index
     if not config.index.url and not (root / STORE_DIR).is_dir():
         raise CrucibleError("the kiln has no index yet", "cru kiln index")
+    if not config.index.url:
+        _wait_while_the_writer_is_stopped(root)
     return KilnIndex.open(root, config)
+
+
+def _wait_while_the_writer_is_stopped(root: Path) -> None:
+    """Opening the store while another process is stopped in the middle of a write to it
+    (Ctrl-Z on `cru kiln index | cat`) waits until that process goes on, in silence and
+    holding the GIL (Chroma's open does): say so first, and wait here, where Ctrl-C works."""
+    said = False
+    while (status := build_status(root)) is not None and (hint := stopped_hint(status)):
+        if not said:
+            print(f"index: waiting for {other_cru(status)} that is writing this kiln's index{hint}",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.5)
 
 
 # ---------------------------------------------------------------------------------------------

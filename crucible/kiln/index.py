@@ -8,8 +8,8 @@ of notes at a time, so only the embedding is on the critical path and an update 
 anywhere (kill -9 included) keeps everything written so far: a note's row is written after its
 chunks, and the next update re-embeds only chunks whose text is not stored yet.
 
-One writer per kiln: `WriterLock`, a file lock that other processes wait on (or read around),
-with a status file telling them how far the writer is.
+One writer per kiln: `WriterLock`, a file lock that other processes wait on (or read around,
+`writer_status`), with a status file telling them how far the writer is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import IO, Any, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, Field
 
-from crucible.bounded_load import load_json
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
@@ -39,7 +38,7 @@ from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
 from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
-from crucible.kiln.paths import RESERVED_DIR, SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
+from crucible.kiln.paths import SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
 from crucible.kiln.store import (
     REBUILD,
     STORE_DIR,
@@ -50,12 +49,18 @@ from crucible.kiln.store import (
     NoteRow,
     StaleViewError,
 )
+from crucible.kiln.writer_status import (
+    LOCK_FILE,
+    STATUS_FILE,
+    build_status,
+    other_cru,
+    read_status,
+    stopped,
+)
 from crucible.private_files import FILE_MODE
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = f"{RESERVED_DIR}/index.lock"
-STATUS_FILE = f"{RESERVED_DIR}/index-build.json"
 # Texts per embedder call: the embedder sorts them by length, so a wide window pads less
 # (measured: 256-512 texts embed ~25% faster than 32); still a progress step every few seconds.
 EMBED_STEP = 256
@@ -144,14 +149,6 @@ class IndexBusyError(IndexUnusableError):
     """Another process holds the writer lock."""
 
 
-def other_cru(status: dict[str, Any] | None) -> str:
-    """Who holds the writer lock, as the person can find it: the `cru` the update is for (a
-    session's index worker is its child; its own pid would say nothing)."""
-    status = status or {}
-    pid = status.get("cru", status.get("pid"))
-    return f"another cru (pid {pid})" if isinstance(pid, int) and not isinstance(pid, bool) else "another cru"
-
-
 class WriterLock:
     """The kiln's writer lock (flock on .crucible/index.lock), and the status file its holder
     keeps (.crucible/index-build.json: pid, the cru it works for, and progress) for the
@@ -179,7 +176,7 @@ class WriterLock:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     handle.close()
                     raise
-            if wait is None or not wait(_read_status(self.root)):
+            if wait is None or not wait(read_status(self.root)):
                 handle.close()
                 raise IndexBusyError(
                     "the index is being updated by another process",
@@ -217,32 +214,6 @@ class WriterLock:
             pass
         self._handle.close()  # releases the lock
         self._handle = None
-
-
-def _read_status(root: Path) -> dict[str, Any] | None:
-    try:
-        data = load_json((root / STATUS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def build_status(root: Path) -> dict[str, Any] | None:
-    """The status of the update another process is running on this kiln, if one holds the
-    writer lock (its pid, notes_done/notes_total, embedded/notes), else None."""
-    lock_path = root / LOCK_FILE
-    if not lock_path.exists():
-        return None
-    try:
-        with open(lock_path) as handle:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                return _read_status(root) or {}
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    except OSError:
-        return None
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,8 +399,11 @@ class KilnIndex:
                     if self._lexical is not None and self._lexical.refresh(self.root):
                         self._lex_dirty = True
                     self._embedded = None  # recomputed from the store when asked
-        # Not while this process writes through it (then no other process can have written).
-        if self._stale_view and self._lock.acquire(blocking=False):
+        # Not while this process writes through it (then no other process can have written),
+        # nor while the process writing it is stopped: opening it waits for that one to go on,
+        # holding the GIL (the view stays stale; `reading` answers by words meanwhile).
+        if (self._stale_view and not (self.chroma.local is not None and stopped(build_status(self.root)))
+                and self._lock.acquire(blocking=False)):
             try:
                 if self._stale_view:
                     self.chroma.reopen()

@@ -542,6 +542,82 @@ async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     assert shares[-1] == 1.0
 
 
+async def test_a_writer_stopped_midway_is_named_and_the_others_do_not_freeze(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`cru kiln index --rebuild` stopped by Ctrl-Z (SIGSTOP) in the middle of its update:
+    opening the store while it is stopped inside a write waits until it goes on, in silence and
+    holding the GIL, so a `cru mcp` started then froze whole (found by hand, ~1 stop in 8).
+    `cru kiln info` says whom it waits for and how to let it go on; `cru mcp` answers by words
+    at once; once the writer goes on, both finish, and the search is by meaning again. (The
+    writer is stopped here while the gated embedder holds it, not inside a write: the test
+    checks what the others do about a stopped writer, which is what they can see.)"""
+    root = tmp_path / "kiln"
+    notes = 300
+    query = "uniqueword123"
+    write_notes(root, many_notes(notes))
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                       capture_stdout=True, capture_stderr=True, check=False)
+        assert built.returncode == 0, built.stderr.decode()
+        embedder.shut()
+        before = embedder.requests
+        writer = await trio.lowlevel.open_process(
+            [cru_bin, "kiln", "index", "--rebuild", "--kiln", str(root)], env=clean_env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        info: trio.Process | None = None
+        try:
+            with trio.fail_after(60):
+                while embedder.requests == before:  # noqa: ASYNC110 - the embedder is a thread
+                    await trio.sleep(0.05)
+            os.kill(writer.pid, signal.SIGSTOP)
+            info = await trio.lowlevel.open_process([cru_bin, "kiln", "info", "--kiln", str(root)], env=clean_env,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert info.stdout is not None and info.stderr is not None
+            said = b""
+            with trio.fail_after(30):
+                while b"\n" not in said:
+                    chunk = await info.stderr.receive_some()
+                    assert chunk, said
+                    said += chunk
+            assert said.decode().strip() == (
+                f"index: waiting for another cru (pid {writer.pid}) that is writing this kiln's index; it "
+                f"is stopped (Ctrl-Z?): `fg` it in its terminal, or `kill -CONT {writer.pid}`")
+            params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
+            async with Client(params, mode="legacy") as c:
+                with trio.fail_after(30):
+                    r = await c.call_tool("semantic_search", {"query": query, "limit": 1})
+                assert not r.is_error and r.structured_content is not None, _texts(r)
+                assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
+                assert r.structured_content["index"]["embedded"] == 0.0  # by words: the store is not open
+                assert info.poll() is None  # still waiting for the writer
+                os.kill(writer.pid, signal.SIGCONT)
+                embedder.open()
+                with trio.fail_after(120):
+                    assert await writer.wait() == 0
+                    out = b""
+                    while chunk := await info.stdout.receive_some():
+                        out += chunk
+                    assert await info.wait() == 0
+                assert "index: " in out.decode(), out
+                with trio.fail_after(60):
+                    while True:
+                        r = await c.call_tool("semantic_search", {"query": query, "limit": 1})
+                        assert r.structured_content is not None, _texts(r)
+                        if r.structured_content["index"]["embedded"] == 1.0:
+                            break
+                        await trio.sleep(0.2)
+                assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
+        finally:
+            for proc in (writer, info):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                    await proc.wait()
+
+
 @contextmanager
 def _ready_session(root: Path, clean_env: dict[str, str]) -> Iterator[tuple[GatedEmbedder, BackgroundIndex]]:
     """A session's index (in this process) on `root`, built through a gated embedder that the
