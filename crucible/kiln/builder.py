@@ -275,7 +275,7 @@ class BackgroundIndex:
         processes' writes first. Read also when another's update has just ended and the
         follower has not looked yet (once a second): it said 0.0 after a `--rebuild` that had
         made the whole index again."""
-        from crucible.kiln.store import StaleViewError
+        from crucible.kiln.store import StaleViewError  # chromadb: loaded with the open index
 
         state = self.state()
         if state.notes and (state.phase == "embedding"
