@@ -375,7 +375,11 @@ class CrucibleKilnBackend:
     def _index_state(self) -> dict[str, Any]:
         index = self._index
         if index is None:
-            return {"opened": False}
+            if self._background is None:  # not started: nothing asked for it yet
+                return {"opened": False}
+            state = self.index_state()  # opening, or waiting for another cru (say whom)
+            return {"opened": False, "phase": state.phase,
+                    **({"problem": self.redact(state.problem)} if state.problem else {})}
         state = self.index_state()
         try:
             status = index.status()
@@ -383,7 +387,8 @@ class CrucibleKilnBackend:
         except CrucibleError as exc:
             return {"opened": True, "phase": state.phase, "error": self.redact(_message(exc))}
         return {"opened": True, "phase": state.phase, "embedded": share.embedded, "notes": status.notes,
-                "chunks": status.chunks, "stale": status.stale}
+                "chunks": status.chunks, "stale": status.stale,
+                **({"problem": self.redact(state.problem)} if state.problem else {})}
 
     # --- changes --------------------------------------------------------------------------
 

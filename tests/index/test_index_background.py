@@ -592,6 +592,17 @@ async def test_a_writer_stopped_midway_is_named_and_the_others_do_not_freeze(
                 assert not r.is_error and r.structured_content is not None, _texts(r)
                 assert r.structured_content["results"][0]["path"] == "batch-02/note-0123.md"
                 assert r.structured_content["index"]["embedded"] == 0.0  # by words: the store is not open
+                with trio.fail_after(30):  # and the agent can see why
+                    while True:
+                        stats = (await c.call_tool("get_kiln_stats", {})).structured_content
+                        assert stats is not None
+                        if stats["index"].get("phase") == "waiting":
+                            break
+                        await trio.sleep(0.2)
+                assert stats["index"]["opened"] is False
+                assert stats["index"]["problem"] == (
+                    f"another cru (pid {writer.pid}) is updating the index; it is stopped (Ctrl-Z?): "
+                    f"`fg` it in its terminal, or `kill -CONT {writer.pid}`")
                 assert info.poll() is None  # still waiting for the writer
                 os.kill(writer.pid, signal.SIGCONT)
                 embedder.open()
