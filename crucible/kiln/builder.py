@@ -73,6 +73,7 @@ class IndexState:
     embedded: float = 0.0
     notes: int = 0
     problem: str | None = None  # why it failed, or whom it waits for
+    stopped_writer: int | None = None  # waiting: the pid of the writer, when it is stopped (Ctrl-Z)
 
     @property
     def searchable(self) -> bool:
@@ -233,6 +234,8 @@ class BackgroundIndex:
 
     def _set(self, force: bool = False, **changes: Any) -> None:
         with self._state_lock:
+            if changes.get("phase", self._state.phase) != "waiting":
+                changes.setdefault("stopped_writer", None)
             state = replace(self._state, **changes)
             if state == self._state:
                 return  # nothing new to tell (a wait or a follow looks again and again)
@@ -362,7 +365,9 @@ class BackgroundIndex:
         self._set(phase="failed", problem=exc.message, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
+        pid = (status or {}).get("pid")
         self._set(phase="waiting", problem=f"{other_cru(status)} is updating the index{stopped_hint(status)}",
+                  stopped_writer=pid if isinstance(pid, int) and stopped(status) else None,
                   embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
 

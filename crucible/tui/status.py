@@ -104,7 +104,11 @@ class StatusBar:
             return f"index failed: {problem}"
         if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
             percent = int(state.embedded * 100)  # 99.7% is not done: never shows 100
-            return f"indexing {percent}%" + (" (another cru)" if state.phase == "waiting" else "")
+            if state.phase != "waiting":
+                return f"indexing {percent}%"
+            if state.stopped_writer is not None:  # it never goes on by itself: say how
+                return f"indexing {percent}% (another cru, stopped: kill -CONT {state.stopped_writer})"
+            return f"indexing {percent}% (another cru)"
         return None
 
     # -- drawing ------------------------------------------------------------------------

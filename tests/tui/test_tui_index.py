@@ -8,6 +8,7 @@ the build (in its real worker process) stops where the test wants it and goes on
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -135,6 +136,12 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
         left_at = others()
         assert 0 < left_at < 100 and embedder.answered < 2 * REQUESTS, status(screen)
         if end == "done":
+            # Stopped (Ctrl-Z in its terminal): it never goes on by itself; the bar says how
+            other.send_signal(signal.SIGSTOP)
+            screen.wait_for(lambda _s: f"(another cru, stopped: kill -CONT {other.pid})" in status(screen),
+                            timeout=30)
+            other.send_signal(signal.SIGCONT)
+            screen.wait_for(lambda _s: others() >= left_at, timeout=30)
             embedder.open()
             _, err = other.communicate(timeout=120)
             assert other.returncode == 0, err
@@ -151,6 +158,7 @@ def test_the_status_bar_shows_another_crus_rebuild_then_not(
             assert embedder.texts - asked < NOTES  # what the other wrote was not embedded again
     finally:
         if other.poll() is None:
+            other.send_signal(signal.SIGCONT)
             other.kill()
             other.wait()
     leave(screen)
