@@ -4,6 +4,7 @@ files in 0700 folders, so other users of the machine cannot read prompts, answer
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,7 +49,7 @@ def private_tree(path: Path) -> None:
             entry = os.path.join(folder, name)
             try:
                 st = os.lstat(entry)
-                if not os.path.islink(entry) and st.st_mode & 0o077:
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
                     os.chmod(entry, mode)
             except OSError:
                 pass
