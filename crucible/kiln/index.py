@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -379,6 +379,19 @@ class KilnIndex:
             if self._embedded is None:
                 self._embedded = self._current_in_store(lex)
             return frozenset(self._embedded)
+
+    def current_on_disk(self, paths: Sequence[str]) -> set[str]:
+        """Those of `paths` whose stored rows are of the file as it is now (a stat each, and one
+        read of their rows): their stored chunks can stand for the file."""
+        stamps = self.chroma.note_stamps(paths)
+        out = set()
+        for path, stamp in stamps.items():
+            try:
+                if stamp and stamp == _stamp((self.root / path).stat()):
+                    out.add(path)
+            except OSError:
+                pass
+        return out
 
     def _current_in_store(self, lex: LexicalIndex) -> set[str]:
         stamps = {p: f"{m}:{s}" for p, (m, s) in lex.stamps.items()}

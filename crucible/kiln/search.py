@@ -148,8 +148,7 @@ def _best_chunks(
     # Found by words alone: the chunk with most of the query's words, from the chunks as the
     # index holds them when they are current (reading and chunking the file again cost up to
     # 35 ms for a note of 256 sections: most of a search's slowest answers); else from the file.
-    current = index.embedded_paths()
-    stored = index.chroma.note_chunks([p for p in by_words if p in current]) if by_words else {}
+    stored = index.chroma.note_chunks(sorted(index.current_on_disk(by_words))) if by_words else {}
     for path in by_words:
         held = stored.get(path)
         best = _words_best(index, held, query) if held else _lexical_best_chunk(index, path, query)

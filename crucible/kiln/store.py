@@ -412,6 +412,14 @@ class ChromaStore:
             got = self.notes.get(ids=list(paths), include=["embeddings"])
         return {i: np.asarray(e, dtype=np.float32) for i, e in zip(got["ids"], got["embeddings"], strict=True)}
 
+    def note_stamps(self, paths: Sequence[str]) -> dict[str, str]:
+        """The file stamp each of these notes had when it was indexed (those in the index)."""
+        if not paths:
+            return {}
+        with self.errors("reading it"):
+            got = self.notes.get(ids=list(paths), include=["metadatas"])
+        return {i: str((m or {}).get("stamp", "")) for i, m in zip(got["ids"], got["metadatas"], strict=True)}
+
     def note_chunks(self, paths: Sequence[str], *, embeddings: bool = False) -> dict[str, list[StoredChunk]]:
         """The stored chunks of these notes, in order."""
         out: dict[str, list[StoredChunk]] = {p: [] for p in paths}

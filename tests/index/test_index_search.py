@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln import lexical
+from crucible.kiln import search as search_module
 from crucible.kiln.index import KilnIndex
 from crucible.kiln.lexical import (
     Bm25,
@@ -96,6 +97,32 @@ def test_an_index_that_keeps_chunk_text_as_documents_still_shows_snippets(tiny_i
         top = search(tiny_index, "chili flakes and garlic warmed in oil", 10)[0]
         assert (top.path, top.heading) == ("Cooking/Pasta.md", "Pasta night > Sauce")
         assert top.snippet.startswith("Garlic, olive oil")
+
+
+def test_a_note_found_by_words_alone_takes_its_snippet_from_the_index_while_current(
+    tiny_index: KilnIndex, tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result that the dense ranking did not bring (found by its words) shows its chunk with
+    most of the query's words. Read from the chunks the index holds while they are the file's
+    (reading and chunking a note of 256 sections again took 35 ms of a search); from the file
+    once it changed since it was indexed."""
+    vector = tiny_index.embed_query("parsley and grated cheese")
+    real_read = search_module.read_note
+
+    def no_read(*args: Any) -> Any:
+        raise AssertionError("read the note's file for a snippet the index holds")
+
+    monkeypatch.setattr(search_module, "read_note", no_read)
+    best = search_module._best_chunks(tiny_index, ["Cooking/Pasta.md"], {}, vector, "parsley and grated cheese")
+    chunk = best["Cooking/Pasta.md"]
+    assert (chunk.heading, chunk.line) == ("Pasta night > Serving", 15)
+    assert tiny_kiln.joinpath("Cooking/Pasta.md").read_text().splitlines()[chunk.line - 1].startswith("Finish")
+    # changed on disk, not indexed again: the file says what the note holds now
+    monkeypatch.setattr(search_module, "read_note", real_read)
+    path = tiny_kiln / "Cooking/Pasta.md"
+    path.write_text(path.read_text().replace("Finish with parsley", "Finish with basil"))
+    best = search_module._best_chunks(tiny_index, ["Cooking/Pasta.md"], {}, vector, "basil")
+    assert best["Cooking/Pasta.md"].text.endswith("Finish with basil and grated cheese.")
 
 
 def test_search_after_edit_and_json_shape(tiny_index: KilnIndex, tiny_kiln: Path) -> None:
