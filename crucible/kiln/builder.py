@@ -39,7 +39,13 @@ from crucible.config import Config
 from crucible.errors import CrucibleError
 from crucible.kiln.lexical import LexicalIndex, LexicalView, load_lexical
 from crucible.kiln.paths import STORE_DIR
-from crucible.kiln.writer_status import build_status, other_cru, stopped, stopped_hint
+from crucible.kiln.writer_status import (
+    build_status,
+    other_cru,
+    stopped,
+    stopped_hint,
+    wait_while_stopped,
+)
 
 log = logging.getLogger(__name__)
 
@@ -320,15 +326,12 @@ class BackgroundIndex:
             if self._stop.is_set():  # closed before the store was opened: nothing to stop
                 self._set(phase="stopped", force=True)
                 return
-            # Opening the store while another process is stopped in the middle of a write to it
-            # (Ctrl-Z on `cru kiln index | cat`) waits until it goes on, holding the GIL (Chroma's
-            # open does): the whole session froze. Wait here instead; searches answer by words.
-            while (not self.config.index.url and (status := build_status(self.root)) is not None
-                   and stopped(status)):
-                self._waiting(status)
-                if self._stop.wait(FOLLOW_EVERY):
-                    self._set(phase="stopped", force=True)
-                    return
+            # A writer stopped mid-write would hold the opening (and the GIL): wait for it here,
+            # shown as waiting; searches answer by words meanwhile (answers_by_words).
+            if not self.config.index.url and not wait_while_stopped(
+                    self.root, lambda status: self._waiting(status) and not self._stop.wait(FOLLOW_EVERY)):
+                self._set(phase="stopped", force=True)
+                return
             # chromadb (~1 s): in this thread, not at start
             from crucible.kiln.index import KilnIndex
 

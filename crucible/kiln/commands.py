@@ -21,7 +21,7 @@ from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
-from crucible.kiln.writer_status import build_status, other_cru, stopped_hint
+from crucible.kiln.writer_status import build_status, other_cru, stopped_hint, wait_while_stopped
 from mcp_bridge.kiln_api import SearchHit
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
@@ -240,16 +240,18 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
 
 
 def _wait_while_the_writer_is_stopped(root: Path) -> None:
-    """Opening the store while another process is stopped in the middle of a write to it
-    (Ctrl-Z on `cru kiln index | cat`) waits until that process goes on, in silence and
-    holding the GIL (Chroma's open does): say so first, and wait here, where Ctrl-C works."""
-    said = False
-    while (status := build_status(root)) is not None and (hint := stopped_hint(status)):
+    """Say once whom the opening would wait for, and wait here, where Ctrl-C works."""
+    said: list[bool] = []
+
+    def wait(status: dict[str, Any]) -> bool:
         if not said:
-            print(f"index: waiting for {other_cru(status)} that is writing this kiln's index{hint}",
-                  file=sys.stderr, flush=True)
-            said = True
+            print(f"index: waiting for {other_cru(status)} that is writing this kiln's index"
+                  f"{stopped_hint(status)}", file=sys.stderr, flush=True)
+            said.append(True)
         time.sleep(0.5)
+        return True
+
+    wait_while_stopped(root, wait)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ that must not wait can ask it; the lock itself is `index.WriterLock`."""
 from __future__ import annotations
 
 import fcntl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from crucible.kiln.paths import RESERVED_DIR
 LOCK_FILE = f"{RESERVED_DIR}/index.lock"
 STATUS_FILE = f"{RESERVED_DIR}/index-build.json"
 
-__all__ = ["LOCK_FILE", "STATUS_FILE", "build_status", "other_cru", "read_status", "stopped", "stopped_hint"]
+__all__ = ["LOCK_FILE", "STATUS_FILE", "build_status", "other_cru", "read_status", "stopped", "stopped_hint",
+           "wait_while_stopped"]
 
 
 def read_status(root: Path) -> dict[str, Any] | None:
@@ -71,3 +73,14 @@ def stopped_hint(status: dict[str, Any] | None) -> str:
     if not stopped(status):
         return ""
     return f"; it is stopped (Ctrl-Z?): `fg` it in its terminal, or `kill -CONT {(status or {}).get('pid')}`"
+
+
+def wait_while_stopped(root: Path, wait: Callable[[dict[str, Any]], bool]) -> bool:
+    """Before opening the kiln's embedded store: while the process writing it is stopped,
+    `wait(status)` (it waits a while; False: give up). Opening the store while that process is
+    stopped in the middle of a write waits until it goes on, in silence and holding the GIL
+    (Chroma's open does: a session started then froze whole). True once it runs or is gone."""
+    while (status := build_status(root)) is not None and stopped(status):
+        if not wait(status):
+            return False
+    return True

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -470,6 +470,22 @@ async def test_searches_while_the_worker_writes_the_first_vectors_all_answer(
     assert 0.0 < max(shares)  # the worker wrote while the searches ran
 
 
+@asynccontextmanager
+async def _indexed_behind_a_gate(
+    cru_bin: str, clean_env: dict[str, str], root: Path, query: str
+) -> AsyncIterator[GatedEmbedder]:
+    """300 notes in `root`, indexed by `cru kiln index` through a gated embedder (open) that the
+    cru processes of the test use too; `query` (the searches') is always answered at once."""
+    write_notes(root, many_notes(300))
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        embedder.open()
+        _config(clean_env, embedder.config_toml())
+        built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
+                                       capture_stdout=True, capture_stderr=True, check=False)
+        assert built.returncode == 0, built.stderr.decode()
+        yield embedder
+
+
 async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     cru_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -481,15 +497,8 @@ async def test_searches_while_another_cru_rebuilds_the_index_all_answer(
     store is empty, however fast this machine builds. Every search answers, by words while
     the new store lacks this note, and from the whole index when the rebuild is done."""
     root = tmp_path / "kiln"
-    notes = 300
     query = "uniqueword123"
-    write_notes(root, many_notes(notes))
-    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
-        embedder.open()
-        _config(clean_env, embedder.config_toml())
-        built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
-                                       capture_stdout=True, capture_stderr=True, check=False)
-        assert built.returncode == 0, built.stderr.decode()
+    async with _indexed_behind_a_gate(cru_bin, clean_env, root, query) as embedder:
         params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(root)], env=clean_env)
         failed: list[str] = []
         found: list[str] = []
@@ -553,15 +562,8 @@ async def test_a_writer_stopped_midway_is_named_and_the_others_do_not_freeze(
     writer is stopped here while the gated embedder holds it, not inside a write: the test
     checks what the others do about a stopped writer, which is what they can see.)"""
     root = tmp_path / "kiln"
-    notes = 300
     query = "uniqueword123"
-    write_notes(root, many_notes(notes))
-    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
-        embedder.open()
-        _config(clean_env, embedder.config_toml())
-        built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(root)], env=clean_env,
-                                       capture_stdout=True, capture_stderr=True, check=False)
-        assert built.returncode == 0, built.stderr.decode()
+    async with _indexed_behind_a_gate(cru_bin, clean_env, root, query) as embedder:
         embedder.shut()
         before = embedder.requests
         writer = await trio.lowlevel.open_process(
