@@ -17,8 +17,11 @@ would leave it unlisted: as a backstop, every process the host starts carries
 host dies without exiting (kill -9, a crash: no `atexit`), the watchdog also stops the group
 of every process that carries this host's mark. A process met with no environment yet (in
 the middle of its exec: its parent saw the exec succeed a moment before the kernel set up its
-environment) is looked at again for up to a second. After an orderly exit it does not: what an
-agent's command started on purpose to outlive it (a detached server) is left alone.
+environment) is followed for up to a second, through the execs after it, until it shows the
+mark. One forked but not yet exec'd needs nothing: it holds the host's end of the pipe until
+its exec, so the watchdog's EOF comes after it carries the mark. After an orderly exit the
+watchdog does not scan: what an agent's command started on purpose to outlive it (a detached
+server) is left alone.
 
 `watch_group(pgid)` when a group is started, `unwatch_group(pgid)` once it is gone. Both are
 cheap (one short write) and never raise: without a watchdog the host still tears its
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 # The watchdog itself: standard library only, no site packages (starts in ~20 ms).
 _WATCHDOG = r"""
 import os, signal, sys, time
+me = str(os.getpid())  # its own environment is empty: not a process in the middle of its exec
 for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
     signal.signal(sig, signal.SIG_IGN)
 groups = set()
@@ -66,31 +70,36 @@ for line in sys.stdin.buffer:
     else:
         groups.discard(pgid)
 mark = ("\0CRUCIBLE_HOST_MARK=" + sys.argv[1] + "\0").encode()
-def scan(pids):
-    found, unborn = set(), []
+def scan(pids, following):
+    # -> (groups of marked processes, processes to look at again). Looked at again: one with no
+    # environment yet (in the middle of its exec: its parent saw the exec succeed a moment
+    # before the kernel set it up) and, once followed, any still alive: an exec chain such as
+    # `env … agent` shows an environment without the mark on its way.
+    found, again = set(), []
     for pid in pids:
+        if pid == me:
+            continue
         try:
             with open("/proc/" + pid + "/environ", "rb") as f:
                 env = f.read()
             if mark in b"\0" + env + b"\0":
                 found.add(os.getpgid(int(pid)))
-            elif not env:
-                # No environment yet: in the middle of its exec (its parent saw the exec
-                # succeed a moment before the kernel set it up), unless a zombie or a kernel thread.
+            elif following or not env:
                 with open("/proc/" + pid + "/stat", "rb") as f:
                     fields = f.read().rpartition(b")")[2].split()
+                # not a zombie, nor a kernel thread
                 if fields[0] not in (b"Z", b"X") and not int(fields[6]) & 0x00200000:
-                    unborn.append(pid)
+                    again.append(pid)
         except (OSError, IndexError, ValueError):
             pass
-    return found, unborn
+    return found, again
 if not clean and len(sys.argv) > 1 and os.path.isdir("/proc"):
-    found, unborn = scan([e for e in os.listdir("/proc") if e.isdigit()])
+    found, again = scan([e for e in os.listdir("/proc") if e.isdigit()], False)
     groups |= found
     deadline = time.monotonic() + 1.0
-    while unborn and time.monotonic() < deadline:
+    while again and time.monotonic() < deadline:
         time.sleep(0.02)
-        found, unborn = scan(unborn)
+        found, again = scan(again, True)
         groups |= found
 groups.discard(os.getpgid(0))
 def alive():

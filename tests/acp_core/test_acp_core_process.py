@@ -343,20 +343,31 @@ _HOST_MID_EXEC = r"""
 import os, subprocess, sys, time
 from acp_host.reaper import host_mark_env, reaper_pid
 mark = host_mark_env()["CRUCIBLE_HOST_MARK"]
-# A process whose environment is empty when the host dies, then holds the mark: what the
-# watchdog's scan meets when the host is killed while a process it started is in the middle of
-# its exec (the parent has seen the exec succeed; the kernel has not set up its environment).
-child = subprocess.Popen(["env", "-i", "sh", "-c", "sleep 0.3; exec env CRUCIBLE_HOST_MARK=" + mark + " sleep 3600"],
-                         start_new_session=True)
-print(child.pid, reaper_pid(), flush=True)
+then = "sleep 0.3; exec env CRUCIBLE_HOST_MARK=" + mark + " sleep 3600"
+if sys.argv[1] == "exec":
+    # A process whose environment is empty when the host dies, then holds the mark (through an
+    # `env` between): what the watchdog's scan meets when the host is killed while a process it
+    # started is in the middle of its exec (the parent has seen the exec succeed; the kernel has
+    # not set up its environment).
+    child = subprocess.Popen(["env", "-i", "sh", "-c", then], start_new_session=True).pid
+else:
+    # Forked, not exec'd yet: the host's own environment, without the mark, until its exec (it
+    # holds the host's end of the watchdog's pipe until then).
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        time.sleep(0.3)
+        os.execvpe("sleep", ["sleep", "3600"], {**os.environ, "CRUCIBLE_HOST_MARK": mark})
+print(child, reaper_pid(), flush=True)
 time.sleep(3600)
 """
 
 
-def test_a_process_in_the_middle_of_its_exec_when_the_host_dies_is_stopped() -> None:
+@pytest.mark.parametrize("moment", ["exec", "fork"])
+def test_a_process_in_the_middle_of_its_start_when_the_host_dies_is_stopped(moment: str) -> None:
     import subprocess
 
-    host = subprocess.Popen([sys.executable, "-c", _HOST_MID_EXEC], stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen([sys.executable, "-c", _HOST_MID_EXEC, moment], stdout=subprocess.PIPE, text=True)
     assert host.stdout is not None
     child, watchdog = (int(pid) for pid in host.stdout.readline().split())
     handle = os.pidfd_open(child)
