@@ -71,6 +71,7 @@ class Recorder:
         self._start = time.monotonic()
         self._lines: list[str] = []
         self._wakeup = trio.Event()
+        self._writing = trio.Lock()
         self._closed = False
 
     @classmethod
@@ -96,6 +97,8 @@ class Recorder:
         return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent, redact=redact)
 
     def tap(self, direction: Literal["in", "out"], msg: Any) -> None:
+        if self._closed:
+            return
         t_ms = round((time.monotonic() - self._start) * 1000, 3)
         record = {"t_ms": t_ms, "dir": direction, "frame": _mask_mcp_servers(frame_of(msg))}
         line = json.dumps(record, separators=(",", ":"), default=str)
@@ -108,10 +111,15 @@ class Recorder:
 
     async def run(self) -> None:
         """Write recorded frames as they come, until `aclose()`."""
-        while not self._closed:
+        while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            await self._flush()
+            # One writer at a time, and none once closed: a frame tapped while `aclose` flushed
+            # and closed (the peer still reading as the connection ends) wrote to a closed file.
+            async with self._writing:
+                if self._file.closed:
+                    return
+                await self._flush()
 
     async def _flush(self) -> None:
         if self._lines:
@@ -119,13 +127,15 @@ class Recorder:
             await trio.to_thread.run_sync(self._write, lines)
 
     async def aclose(self) -> None:
+        """Write what was recorded and close the file; frames tapped after are not recorded."""
         if self._closed:
             return
         self._closed = True
         self._wakeup.set()
         with trio.CancelScope(shield=True):
-            await self._flush()
-            await trio.to_thread.run_sync(self._file.close)
+            async with self._writing:  # after a write `run` has under way
+                await self._flush()
+                await trio.to_thread.run_sync(self._file.close)
 
 
 _MASK = "***"
