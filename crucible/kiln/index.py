@@ -36,7 +36,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
-from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical
+from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical, words_problem
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
 from crucible.kiln.paths import SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
 from crucible.kiln.store import (
@@ -691,6 +691,8 @@ class KilnIndex:
                 continue
             # A chunk's text starts with "Title > Heading": it is embedded as it is.
             chunks = chunk_note(note)  # may add a problem: the note has too many sections
+            if (capped := words_problem(note.text)) is not None:
+                note.problems.append(capped)
             problems = "; ".join(note.problems)
             if problems:
                 report.degraded.append((t.path, problems))

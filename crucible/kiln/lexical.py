@@ -267,6 +267,23 @@ def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
     return counts, length
 
 
+def words_problem(text: str) -> str | None:
+    """What a note's problems say when it holds more distinct terms than the lexical index keeps
+    of it (MAX_NOTE_TERMS: the rest are not found by its words); None for any real note. Cheap:
+    only past MAX_NOTE_TERMS distinct words are they stemmed to count, and only until past it."""
+    if len(text) < 2 * MAX_NOTE_TERMS:  # each distinct word takes a character and a separator
+        return None
+    words = set(_WORD.findall(text.lower())) - _STOPWORDS
+    if len(words) <= MAX_NOTE_TERMS:
+        return None
+    terms: set[str] = set()
+    for word in words:  # until past the cap: a million distinct words are not all stemmed again
+        terms.add(_stem(word))
+        if len(terms) > MAX_NOTE_TERMS:
+            return f"only its {MAX_NOTE_TERMS:,} most frequent distinct words are found by its words"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # BM25
 

@@ -18,6 +18,7 @@ from index_helpers import write_notes
 from crucible.config import Config, EmbedderConfig, IndexConfig
 from crucible.errors import CrucibleError
 from crucible.kiln import index as index_mod
+from crucible.kiln import lexical as lexical_mod
 from crucible.kiln import store as store_mod
 from crucible.kiln.embedder import MiniLMEmbedder
 from crucible.kiln.index import LOCK_FILE, REBUILD, STORE_DIR, IndexProgress, KilnIndex
@@ -334,3 +335,18 @@ def test_bad_collection_name(tiny_kiln: Path) -> None:
         KilnIndex.open(tiny_kiln, Config(index=IndexConfig(collection="my notes!")))
     assert "not a usable Chroma collection name" in err.value.message
     assert 'collection = "kiln-my-notes"' in (err.value.fix or "")
+
+
+def test_a_note_past_the_words_kept_says_so(
+    tiny_kiln: Path, opened: list[KilnIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A note of more distinct words than the lexical index keeps of it is indexed, and its
+    problems say that the rest of its words do not find it (the cap made small here)."""
+    monkeypatch.setattr(lexical_mod, "MAX_NOTE_TERMS", 300)
+    (tiny_kiln / "Glossary.md").write_text("# Glossary\n\n" + " ".join(f"term{i}" for i in range(400)) + "\n")
+    (tiny_kiln / "Short.md").write_text("# Short\n\n" + " ".join(f"term{i}" for i in range(250)) + "\n")
+    ix = open_index(tiny_kiln, opened)
+    report = ix.update()
+    assert report.degraded == [("Glossary.md", "only its 300 most frequent distinct words are found by its words")]
+    assert report.notes_indexed == 5
+    assert "Glossary.md" in paths(hybrid_search(ix, "term7", 5))

@@ -19,6 +19,8 @@ from crucible.kiln.lexical import (
     LexicalIndex,
     link_terms,
     note_fields,
+    tokenize,
+    words_problem,
 )
 
 
@@ -110,6 +112,28 @@ def test_a_note_of_more_distinct_words_than_a_book_keeps_its_most_frequent(tmp_p
     assert lex.bm25.length("Big.md") > MAX_NOTE_TERMS + 20_000  # as long as it is
     assert _found(lex, "pelican migration")[0] == "Big.md"
     assert _found(lex, "heron") == ["Small.md"]
+
+
+def test_a_note_past_the_kept_words_is_told_and_no_other_is() -> None:
+    """The words past MAX_NOTE_TERMS are not found by words: the note's problems say so. Counted
+    as the index counts them (stemmed: two forms of a word are one term), and a large note of
+    few distinct words is not stemmed at all to find it out."""
+    def word(i: int) -> str:  # a distinct English-looking word: "ba", consonants, "t"
+        letters = ""
+        while True:
+            i, r = divmod(i, 20)
+            letters += "bcdfghjklmnpqrstvwxz"[r]
+            if not i:
+                return f"ba{letters}t"
+
+    many = " ".join(word(i) for i in range(MAX_NOTE_TERMS + 1))
+    assert words_problem(many) == "only its 50,000 most frequent distinct words are found by its words"
+    assert words_problem(many + " " + many) is not None
+    assert len(set(tokenize(f"{word(7)} {word(7)}s"))) == 1
+    plurals = " ".join(f"{word(i)} {word(i)}s" for i in range(MAX_NOTE_TERMS // 2 + 1))  # one term each
+    assert words_problem(plurals) is None
+    assert words_problem(" ".join(word(i) for i in range(MAX_NOTE_TERMS))) is None
+    assert words_problem("the same few words " * 100_000) is None
 
 
 def test_many_notes_of_one_name_cost_links_resolved_in_proportion(
