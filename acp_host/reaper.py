@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 # The watchdog itself: standard library only, no site packages (starts in ~20 ms).
 _WATCHDOG = r"""
 import os, signal, sys, time
-me = str(os.getpid())  # its own environment is empty: not a process in the middle of its exec
 for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
     signal.signal(sig, signal.SIG_IGN)
 groups = set()
@@ -77,8 +76,6 @@ def scan(pids, following):
     # `env … agent` shows an environment without the mark on its way.
     found, again = set(), []
     for pid in pids:
-        if pid == me:
-            continue
         try:
             with open("/proc/" + pid + "/environ", "rb") as f:
                 env = f.read()
@@ -142,7 +139,10 @@ def _ensure() -> IO[bytes] | None:
             [sys.executable, "-I", "-S", "-c", _WATCHDOG, mark],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True,
-            env={},  # it needs none, and holds no copy of the person's keys
+            # None of the person's environment (it holds no copy of their keys), and not an empty
+            # one either: another host's watchdog would take it for a process in the middle of
+            # its exec and follow it for its full second after that host's kill -9.
+            env={"CRUCIBLE_WATCHDOG": "1"},
             cwd="/",  # nor keeps a folder busy
         )
     except OSError as exc:

@@ -410,3 +410,22 @@ def test_a_process_the_host_started_but_did_not_watch_yet(how: str) -> None:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(handle, signal.SIGKILL)
         os.close(handle)
+
+
+def test_the_watchdog_holds_none_of_the_persons_environment_and_is_not_taken_for_a_starting_process() -> None:
+    """Its environment is one variable of its own: no key of the person's, and not empty, since
+    another host's watchdog follows a process with an empty environment (one in the middle of
+    its exec) for up to a second after that host's kill -9 before it stops anything."""
+    import subprocess
+
+    code = "from acp_host.reaper import host_mark_env, reaper_pid; host_mark_env(); print(reaper_pid(), flush=True); input()"
+    host = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "ANTHROPIC_API_KEY": "sk-the-persons-key"})
+    assert host.stdout is not None and host.stdin is not None
+    try:
+        watchdog = int(host.stdout.readline())
+        with open(f"/proc/{watchdog}/environ", "rb") as f:
+            assert f.read() == b"CRUCIBLE_WATCHDOG=1\0"
+    finally:
+        host.stdin.close()
+        host.wait(10)
