@@ -37,6 +37,7 @@ from typing import IO, Any, Literal
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
+from crucible.kiln.filesearch import warm_properties
 from crucible.kiln.lexical import LexicalIndex, LexicalView, load_lexical
 from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.writer_status import (
@@ -339,8 +340,13 @@ class BackgroundIndex:
             self._index = index
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
-            while self._build() and self._follow_others():
-                pass  # another process's update stopped before its end: this one finishes it
+            first = True
+            while self._build():
+                if first:
+                    first = False
+                    self._warm_properties()
+                if not self._follow_others():
+                    break  # else another process's update stopped before its end: finish it
             if self._stop.is_set():
                 self._set(phase="stopped", force=True)
         except CrucibleError as exc:
@@ -352,6 +358,14 @@ class BackgroundIndex:
         finally:
             self._lexical_read.set()
             self._opened.set()
+
+    def _warm_properties(self) -> None:
+        """Once the index is ready (the CPU is free then): every note's properties, so that a
+        first `property_search` of a large kiln need not parse every note's YAML."""
+        try:
+            warm_properties(self.root, self._stop.is_set)
+        except Exception:  # the search reads them itself, as without this
+            log.debug("reading the notes' properties failed", exc_info=True)
 
     def _load_query_embedder(self, embedder: Any) -> None:
         try:

@@ -9,7 +9,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,13 +78,7 @@ class _NoteCache:
             cached = self._entries.get(key)
         if cached is not None and cached.stamp == stamp:
             return cached
-        text: str | None = None
-        if st.st_size <= MAX_NOTE_BYTES:
-            try:
-                text = decode_note_bytes(path.read_bytes(), rel)
-            except (OSError, NoteReadError):
-                text = None
-        cached = _Cached(stamp, text)
+        cached = _Cached(stamp, _read_text(path, st.st_size, rel))
         with self._lock:
             self._entries[key] = cached
         return cached
@@ -96,6 +90,16 @@ class _NoteCache:
         if cached.note is None:
             cached.note = parse_note(cached.text, rel)
         return cached.note
+
+
+def _read_text(path: Path, size: int, rel: str) -> str | None:
+    """The note's text, or None if it is not a readable text note of a size we read."""
+    if size > MAX_NOTE_BYTES:
+        return None
+    try:
+        return decode_note_bytes(path.read_bytes(), rel)
+    except (OSError, NoteReadError):
+        return None
 
 
 _cache = _NoteCache()
@@ -142,7 +146,9 @@ class _PropertyStore:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             self.entries = {}  # none yet, or damaged: parsed again
 
-    def get(self, rel: str) -> _Props | None:
+    def get(self, rel: str, *, keep_text: bool = True) -> _Props | None:
+        """The note's properties, parsed again if it changed. `keep_text=False`: without keeping
+        its text in the note cache (a warm-up of the whole kiln would hold all of it)."""
         try:
             st = (self.root / rel).stat()
         except OSError:
@@ -151,7 +157,11 @@ class _PropertyStore:
         props = self.entries.get(rel)
         if props is not None and props.stamp == stamp:
             return props
-        note = _cache.note(self.root, rel)
+        if keep_text:
+            note = _cache.note(self.root, rel)
+        else:
+            text = _read_text(self.root / rel, st.st_size, rel)
+            note = parse_note(text, rel) if text is not None else None
         if note is None:
             return None
         props = _Props(stamp, note.title, _jsonable(note.frontmatter), list(note.tags))
@@ -187,6 +197,35 @@ def _property_store(root: Path) -> _PropertyStore:
         if store is None:
             store = _stores[root] = _PropertyStore(root)
         return store
+
+
+def warm_properties(root: Path, stopped: Callable[[], bool] = lambda: False, batch: int = 100) -> bool:
+    """Read every note's properties into the cache and save it, so that a first
+    `property_search` of a large kiln does not parse every note's YAML (~8 s for 10,000 notes).
+    A batch at a time under the store's lock: a search meanwhile waits one batch. False if
+    `stopped()` said so first."""
+    root = Path(root).resolve()
+    store = _property_store(root)
+    present: set[str] = set()
+    todo: list[str] = []
+
+    def read(rels: list[str]) -> None:
+        with store.lock:
+            for rel in rels:
+                store.get(rel, keep_text=False)
+
+    for rel in iter_markdown(root):
+        present.add(rel)
+        todo.append(rel)
+        if len(todo) >= batch:
+            if stopped():
+                return False
+            read(todo)
+            todo = []
+    read(todo)
+    with store.lock:
+        store.save(present)
+    return True
 
 
 def _notes_text(root: Path) -> Iterator[tuple[str, str]]:

@@ -27,6 +27,7 @@ from mcp.client.stdio import StdioServerParameters
 import crucible.kiln.index as index_module
 from crucible.config import Config, EmbedderConfig
 from crucible.errors import CrucibleError
+from crucible.kiln import filesearch
 from crucible.kiln.builder import FOLLOW_EVERY, BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
 from crucible.kiln.paths import STORE_DIR
@@ -259,6 +260,33 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
         assert states[0] == "opening" and "embedding" in states
         assert index.embedded_share() == (3, 3)
         assert hybrid_search(index, "rotting kitchen scraps", 1)[0].path == "Garden/Compost.md"
+    finally:
+        background.close()
+
+
+def test_once_ready_the_notes_properties_are_read_so_a_first_property_search_parses_nothing(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first property_search of a 10,000-note kiln parsed every note's YAML (~8 s): once the
+    index is ready, the session reads them in the background and saves them."""
+    (tiny_kiln / "Garden" / "Beds.md").write_text("---\nstatus: sprouting\ntags: [soil]\n---\n# Beds\n\nRaised beds.\n")
+    background = BackgroundIndex(tiny_kiln, Config(), mode="thread")
+    background.start()
+    saved = tiny_kiln / filesearch.PROPERTIES_FILE
+    try:
+        deadline = time.monotonic() + 120
+        while not (saved.exists() and len(json.loads(saved.read_text())["notes"]) == 4):
+            assert time.monotonic() < deadline, background.state()
+            time.sleep(0.1)
+        assert background.state().phase == "ready"
+
+        def no_parsing(*_: Any) -> None:
+            raise AssertionError("a note was parsed again")
+
+        monkeypatch.setattr(filesearch, "parse_note", no_parsing)
+        hits = filesearch.property_search(tiny_kiln, "status:sprouting")
+        assert [(h.path, h.snippet) for h in hits] == [("Garden/Beds.md", "status: sprouting")]
+        assert [h.path for h in filesearch.property_search(tiny_kiln, "#soil")] == ["Garden/Beds.md"]
     finally:
         background.close()
 
