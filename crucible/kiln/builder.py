@@ -340,13 +340,10 @@ class BackgroundIndex:
             self._index = index
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
-            first = True
-            while self._build():
-                if first:
-                    first = False
-                    self._warm_properties()
-                if not self._follow_others():
-                    break  # else another process's update stopped before its end: finish it
+            if self._build():
+                self._warm_properties()
+                while self._follow_others() and self._build():
+                    pass  # another process's update stopped before its end: this one finished it
             if self._stop.is_set():
                 self._set(phase="stopped", force=True)
         except CrucibleError as exc:

@@ -241,13 +241,14 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
 
 def _wait_while_the_writer_is_stopped(root: Path) -> None:
     """Say once whom the opening would wait for, and wait here, where Ctrl-C works."""
-    said: list[bool] = []
+    said = False
 
     def wait(status: dict[str, Any]) -> bool:
+        nonlocal said
         if not said:
             print(f"index: waiting for {other_cru(status)} that is writing this kiln's index"
                   f"{stopped_hint(status)}", file=sys.stderr, flush=True)
-            said.append(True)
+            said = True
         time.sleep(0.5)
         return True
 

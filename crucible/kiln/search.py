@@ -151,7 +151,7 @@ def _best_chunks(
     stored = index.chroma.note_chunks(sorted(index.current_on_disk(by_words))) if by_words else {}
     for path in by_words:
         held = stored.get(path)
-        best = _words_best(index, held, query) if held else _lexical_best_chunk(index, path, query)
+        best = held[_most_words([c.text for c in held], query, index)] if held else _lexical_best_chunk(index, path, query)
         if best is not None:
             out[path] = best
     return out
@@ -179,10 +179,6 @@ def _lexical_best_chunk(index: Words, path: str, query: str) -> StoredChunk | No
     best = chunks[_most_words([c.text for c in chunks], query, index)]
     return StoredChunk(path=path, ordinal=best.ordinal, heading=" > ".join(best.heading_path) or None,
                        line=best.start_line + 1, title=note.title, text=best.text)
-
-
-def _words_best(index: Words, chunks: list[StoredChunk], query: str) -> StoredChunk:
-    return chunks[_most_words([c.text for c in chunks], query, index)]
 
 
 def _most_words(texts: list[str], query: str, index: Words) -> int:
