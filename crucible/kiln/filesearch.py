@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,10 @@ def _stem(path: str) -> str:
     return Path(path).stem
 
 
-# Parsed notes are cached by (mtime, size) so repeated calls cost a stat per note.
+# Parsed notes are cached by (mtime, size) so repeated calls cost a stat per note. The cache
+# holds at most CACHE_CHARS of note text, the least recently read notes dropped first: a text
+# search reads every note, and a kiln of large notes would otherwise stay whole in memory.
+CACHE_CHARS = 64 << 20
 
 
 @dataclass
@@ -62,8 +66,10 @@ class _Cached:
 
 
 class _NoteCache:
-    def __init__(self) -> None:
-        self._entries: dict[str, _Cached] = {}
+    def __init__(self, max_chars: int = CACHE_CHARS) -> None:
+        self._entries: OrderedDict[str, _Cached] = OrderedDict()  # least recently read first
+        self._chars = 0
+        self.max_chars = max_chars
         self._lock = threading.Lock()
 
     def get(self, root: Path, rel: str) -> _Cached:
@@ -76,12 +82,22 @@ class _NoteCache:
             return _Cached((0, 0), None)
         with self._lock:
             cached = self._entries.get(key)
-        if cached is not None and cached.stamp == stamp:
-            return cached
+            if cached is not None and cached.stamp == stamp:
+                self._entries.move_to_end(key)
+                return cached
         cached = _Cached(stamp, _read_text(path, st.st_size, rel))
         with self._lock:
+            self._drop(key)
             self._entries[key] = cached
+            self._chars += len(cached.text or "")
+            while self._chars > self.max_chars and len(self._entries) > 1:
+                self._drop(next(iter(self._entries)))
         return cached
+
+    def _drop(self, key: str) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._chars -= len(old.text or "")
 
     def note(self, root: Path, rel: str) -> Note | None:
         cached = self.get(root, rel)

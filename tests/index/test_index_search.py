@@ -183,6 +183,25 @@ def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path
     assert [h.path for h in text_search(tiny_kiln, "leaves")] == ["Garden/Compost.md"]
 
 
+def test_text_search_keeps_at_most_its_budget_of_note_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from crucible.kiln import filesearch as search_mod
+
+    cache = search_mod._NoteCache(max_chars=50_000)
+    monkeypatch.setattr(search_mod, "_cache", cache)
+    for i in range(40):  # 40 notes of ~10,000 characters: 8 times the budget
+        (tmp_path / f"n{i:02d}.md").write_text(f"# Note {i}\n" + ("filler words here " * 550) + f"\nmarker{i % 4}\n")
+    for _ in range(2):  # a second pass reads again what was dropped, and finds the same
+        hits = text_search(tmp_path, "marker3", limit=100)
+        assert sorted(h.path for h in hits) == [f"n{i:02d}.md" for i in range(3, 40, 4)]
+        assert hits[0].title.startswith("Note ")
+        assert 0 < cache._chars <= 50_000
+        assert cache._chars == sum(len(c.text or "") for c in cache._entries.values())
+    # what was read last stays: the notes the results were titled from
+    assert str(tmp_path / hits[-1].path) in cache._entries
+
+
 def test_property_search(tiny_kiln: Path) -> None:
     def found(query: str | None = None, *, key: str | None = None, value: str | None = None,
               tag: str | None = None) -> list[str]:
