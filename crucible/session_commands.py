@@ -104,6 +104,11 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             lines.extend(["", f"*warning: {record.get('message', '')}*"])
         elif kind == "turn_end" and record.get("error"):
             lines.extend(["", f"**the turn failed:** {record['error']}"])
+        elif kind == "turn_end" and record.get("stop_reason") not in (None, "end_turn"):
+            # as the chat said it: a cancelled or cut-short answer is not read as a whole one
+            reason = str(record["stop_reason"])
+            lines.extend(["", "*the turn was cancelled*" if reason == "cancelled"
+                          else f"*the turn ended with stopReason {reason}*"])
         elif kind == "resumed":
             lines.extend(["", f"*── resumed with {record.get('agent', '')} ──*"])
         elif kind == "plan":

@@ -181,3 +181,15 @@ def test_resume_passes_model_through(chat: ChatRunner, tmp_path: Path) -> None:
     res = _cru(chat, "session", "resume", sid, "-p", "again", "--model", "smart")
     assert "echo: again" in res.stdout
     assert ("model", "fake/smart") in [(p["configId"], p["value"]) for p in _sent(chat, "session/set_config_option")]
+
+
+def test_show_says_which_turns_did_not_end_as_a_whole_answer(chat: ChatRunner) -> None:
+    chat.run({"prompts": [[{"text": "Half an ans"}, {"stop": "max_tokens"}]]}, "first")
+    sid = _cru(chat, "session", "list").stdout.split()[0]
+    shown = _cru(chat, "session", "show", sid).stdout
+    assert shown.count("*the turn ended with stopReason max_tokens*") == 1, shown
+    assert shown.index("Half an ans") < shown.index("stopReason max_tokens")
+    chat.run({"prompts": [[{"text": "All of it."}]]}, "second")
+    sid = _cru(chat, "session", "list").stdout.split()[0]
+    shown = _cru(chat, "session", "show", sid).stdout
+    assert "All of it." in shown and "stopReason" not in shown and "cancelled" not in shown
