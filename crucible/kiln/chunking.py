@@ -1,7 +1,7 @@
 """Split a note into chunks by heading sections, with a size cap, for embedding and search.
 
-Each chunk's text starts with "Title > H1 > H2" so an embedding knows where the text sits.
-A note whose frontmatter says what it is about (`description` or `summary`, `aliases`) gets
+Each chunk's text starts with "Title > H1 > H2" so an embedding knows where the text sits,
+and, on a second line, the note's description (see `_context_line`). A note whose frontmatter says what it is about (`description` or `summary`, `aliases`) gets
 one more chunk holding just that: the note's own one-line answer to "what is this for",
 which is how a person searches who does not remember the note's words.
 """
@@ -151,11 +151,13 @@ def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) 
     if max_chars < 1:
         raise ValueError("max_chars must be positive")
     chunks: list[Chunk] = []
+    about = note_about(note)
+    context = _context_line(about)
     for section in _sections(note):
         path = section.path
         if path and path[0].casefold() == note.title.casefold():
             path = path[1:]  # the H1 that gave the note its title: don't say it twice
-        prefix = " > ".join((note.title, *path)) + "\n\n"
+        prefix = " > ".join((note.title, *path)) + (f"\n{context}" if context else "") + "\n\n"
         for start, piece in _pack(section, max_chars):
             if len(chunks) == max_chunks:
                 break
@@ -168,7 +170,6 @@ def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) 
         break
     if not chunks:
         chunks.append(Chunk(note.path, 0, (), note.title, note.body_start_line, content_hash(note.title)))
-    about = note_about(note)
     if about:
         text = f"{note.title}\n\n{about}"
         chunks.append(Chunk(note.path, len(chunks), (), text, _about_line(note), content_hash(text)))
@@ -176,6 +177,20 @@ def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) 
 
 
 ABOUT_KEYS = ("description", "summary")
+# The most of a note's description every one of its chunks carries (about 40 tokens of the 256
+# MiniLM reads), cut at a word.
+CONTEXT_CHARS = 200
+
+
+def _context_line(about: str) -> str:
+    """What the note is about, as the second line of each chunk's prefix: a section embedded
+    with its note's purpose is found by a question about that purpose ("contextual" chunk
+    embeddings). The description's first line, else the aliases; "" when the note has neither."""
+    line = about.split("\n", 1)[0]
+    if len(line) <= CONTEXT_CHARS:
+        return line
+    cut = line[:CONTEXT_CHARS]
+    return (cut[: cut.rfind(" ")] if " " in cut else cut) + " …"
 
 
 def note_about(note: Note) -> str:
@@ -210,5 +225,5 @@ class StoredChunk:
     heading: str | None
     line: int  # 1-based line of the note where the chunk's content starts
     title: str
-    text: str  # as embedded: "Title > Heading" line, blank line, content
+    text: str  # as embedded: "Title > Heading" line, the description's line, blank line, content
     embedding: np.ndarray | None = None

@@ -125,10 +125,18 @@ def test_fixture_kiln_chunks(fixture_kiln_src: Path) -> None:
 def test_about_chunk_from_the_description(tmp_path: Path) -> None:
     (tmp_path / "n.md").write_text("---\ndescription: >\n  How to keep\n  bread alive\n---\n# Starter\n\nFeed it.\n")
     chunks = chunk_note(read_note(tmp_path, "n.md"))
-    assert [c.text for c in chunks] == ["Starter\n\nFeed it.", "Starter\n\nHow to keep bread alive"]
+    # every section is embedded with what the note is for, on the second line of its prefix
+    assert [c.text for c in chunks] == ["Starter\nHow to keep bread alive\n\nFeed it.",
+                                        "Starter\n\nHow to keep bread alive"]
     assert chunks[1].start_line == 1 and chunks[1].heading_path == ()
     (tmp_path / "plain.md").write_text("# Plain\n\nNo frontmatter.\n")
-    assert len(chunk_note(read_note(tmp_path, "plain.md"))) == 1
+    assert [c.text for c in chunk_note(read_note(tmp_path, "plain.md"))] == ["Plain\n\nNo frontmatter."]
+    # a long description: its first 200 characters, cut at a word, in each section's prefix
+    (tmp_path / "long.md").write_text("---\ndescription: " + "grain " * 100 + "\n---\n# Long\n\nA.\n\n## B\n\nB.\n")
+    sections = chunk_note(read_note(tmp_path, "long.md"))[:-1]
+    assert [c.text.split("\n")[0] for c in sections] == ["Long", "Long > B"]
+    context = {c.text.split("\n")[1] for c in sections}
+    assert context == {"grain " * 32 + "grain …"} and all(len(line) <= 202 for line in context)
 
 
 def test_query_set_points_at_existing_notes(fixture_kiln_src: Path) -> None:
