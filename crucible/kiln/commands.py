@@ -207,6 +207,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     root, config = _setup(args)
     mode: SearchMode = args.mode or ("text" if getattr(args, "regex", False) else DEFAULT_MODE)
     index: KilnIndex | None = None
+    share: dict[str, Any] | None = None
     try:
         if mode in ("semantic", "hybrid"):
             index = _open_existing(root, config)
@@ -216,16 +217,33 @@ def cmd_search(args: argparse.Namespace) -> int:
             mode, root, index, args.query, args.limit,
             regex=getattr(args, "regex", False), case_sensitive=getattr(args, "case_sensitive", False),
         )
+        if index is not None:
+            share = _searched_share(index)
     finally:
         if index is not None:
             index.close()
     if args.json:
-        _print_json({"results": [r.to_json() for r in results]})
+        _print_json({"results": [r.to_json() for r in results], **({"index": share} if share else {})})
     elif not results:
         print("no results", file=sys.stderr)
     else:
         print("\n\n".join(_format_result(i + 1, r) for i, r in enumerate(results)))
     return 0
+
+
+def _searched_share(index: KilnIndex) -> dict[str, Any]:
+    """How much of the kiln was searched by meaning (as `semantic_search` says it), and a line on
+    stderr when not all of it was: results by words alone are not what the person asked for."""
+    embedded, notes = index.embedded_share()
+    reason = index.needs_rebuild  # only hybrid gets here with one: semantic refuses it
+    if reason:
+        embedded = 0
+        print(f"index: {reason}: `cru kiln index` rebuilds it; until then the results are matched by "
+              "their words only", file=sys.stderr)
+    elif embedded < notes:
+        print(f"index: {embedded} of the kiln's {notes} notes are embedded; the rest were matched by "
+              "their words only (`cru kiln index` embeds them)", file=sys.stderr)
+    return {"embedded": round(embedded / notes, 4) if notes else 1.0, "notes": notes}
 
 
 def _open_existing(root: Path, config: Config) -> KilnIndex:

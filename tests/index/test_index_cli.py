@@ -305,3 +305,42 @@ def test_progress_bar_on_a_terminal(cru_bin: str, clean_env: dict[str, str], tin
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_search_says_when_not_all_the_kiln_was_searched_by_meaning(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
+) -> None:
+    import chromadb
+
+    from crucible.kiln.store import INDEX_FORMAT
+
+    def search(*extra: str) -> tuple[dict[str, object], str]:
+        found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--json", *extra, "pasta sauce")
+        assert found.returncode == 0, found.stderr
+        return json.loads(found.stdout), found.stderr
+
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
+    data, said = search()
+    assert data["index"] == {"embedded": 1.0, "notes": 3} and said == ""
+    (tiny_kiln / "Sauce.md").write_text("# Sauce\n\nA pasta sauce of tomatoes.\n")
+    data, said = search()
+    assert data["index"] == {"embedded": 0.75, "notes": 4}
+    assert "Sauce.md" in [r["path"] for r in data["results"]]  # found by its words meanwhile
+    assert said == ("index: 3 of the kiln's 4 notes are embedded; the rest were matched by their words only "
+                    "(`cru kiln index` embeds them)\n")
+    # an index an older Crucible wrote: searched by words until it is rebuilt, and said so
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
+    client = chromadb.PersistentClient(path=str(tiny_kiln / ".crucible" / "chroma"))
+    notes = client.get_collection("kiln-notes", embedding_function=None)
+    notes.modify(metadata={**(notes.metadata or {}), "format": INDEX_FORMAT - 1})
+    del notes, client
+    data, said = search()
+    assert data["index"] == {"embedded": 0.0, "notes": 4} and data["results"]
+    assert said.startswith(f"index: the index has format {INDEX_FORMAT - 1}, this version writes {INDEX_FORMAT}: "
+                           "`cru kiln index` rebuilds it; until then the results are matched by their words only")
+    refused = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--mode", "semantic", "pasta")
+    assert refused.returncode == 1 and f"has format {INDEX_FORMAT - 1}" in refused.stderr
+    assert "fix: cru kiln index" in refused.stderr  # by meaning alone there is nothing to answer with
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
+    data, said = search()
+    assert data["index"] == {"embedded": 1.0, "notes": 4} and said == ""
