@@ -8,6 +8,7 @@ which is how a person searches who does not remember the note's words.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -152,7 +153,7 @@ def chunk_note(note: Note, max_chars: int = 1500, max_chunks: int = MAX_CHUNKS) 
         raise ValueError("max_chars must be positive")
     chunks: list[Chunk] = []
     about = note_about(note)
-    context = _context_line(about)
+    context = _context_line(about) or _lead(note)
     for section in _sections(note):
         path = section.path
         if path and path[0].casefold() == note.title.casefold():
@@ -185,12 +186,39 @@ CONTEXT_CHARS = 200
 def _context_line(about: str) -> str:
     """What the note is about, as the second line of each chunk's prefix: a section embedded
     with its note's purpose is found by a question about that purpose ("contextual" chunk
-    embeddings). The description's first line, else the aliases; "" when the note has neither."""
+    embeddings). The description's first line, else the aliases; "" when the note has neither
+    (then its lead sentence, `_lead`)."""
     line = about.split("\n", 1)[0]
     if len(line) <= CONTEXT_CHARS:
         return line
     cut = line[:CONTEXT_CHARS]
     return (cut[: cut.rfind(" ")] if " " in cut else cut) + " …"
+
+
+_NOT_PROSE = tuple("#>!|<-*+[`=~")  # headings, quotes and callouts, embeds, tables, HTML, lists, links
+_SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)")
+
+
+def _lead(note: Note) -> str:
+    """The first sentence of prose before the note's first subsection (its introduction, as an
+    undescribed note says what it is for), or "". A line of prose has five words or more and is
+    not in a code block, a list, a table or a quote."""
+    lines = note.body.split("\n")
+    base = note.body_start_line
+    headings = {h.line - base: h for h in note.headings}
+    for i, (line, code) in enumerate(zip(lines, code_block_lines(lines), strict=True)):
+        if i in headings:
+            h = headings[i]
+            if h is note.headings[0] and h.level == 1 and clip_title(h.text).casefold() == note.title.casefold():
+                continue  # the H1 that gave the note its title
+            break  # the first section: what follows is not the note's introduction
+        text = line.strip()[:1000]  # a sentence past that is cut at CONTEXT_CHARS anyway
+        if code or not text or text.startswith(_NOT_PROSE) or text[0].isdigit():
+            continue
+        if len(text.split()) >= 5:
+            m = _SENTENCE.match(text)
+            return _context_line(m.group(1) if m else text)
+    return ""
 
 
 def note_about(note: Note) -> str:

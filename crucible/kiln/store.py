@@ -38,7 +38,8 @@ from crucible.kiln.paths import STORE_DIR, KilnPathError, reserved_dir
 from crucible.private_files import private_dir, private_tree
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
-INDEX_FORMAT = 3  # 2: an 'about' chunk per note (chunking.note_about); 3: each chunk carries the note's description
+INDEX_FORMAT = 4  # 2: an 'about' chunk per note (chunking.note_about); 3: each chunk carries the note's
+# description; 4: or its lead sentence (chunking._lead)
 REBUILD = "cru kiln index --rebuild"
 # Rows per Chroma read/write call (well under any server's max batch size).
 PAGE = 2000

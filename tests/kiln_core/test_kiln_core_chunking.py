@@ -36,11 +36,12 @@ echo hi
 
 def test_sections_heading_paths_and_prefix() -> None:
     chunks = chunk_note(parse_note(NOTE, "t/Trip.md"))
+    lead = "\nIntro paragraph before any heading."  # every chunk says what the note is for
     assert [(c.ordinal, c.heading_path, c.text) for c in chunks] == [
-        (0, (), "Trip\n\nIntro paragraph before any heading."),
-        (1, ("Plan", "Day 1"), "Trip > Plan > Day 1\n\nWalk the old town."),
-        (2, ("Plan", "Day 2", "Morning"), "Trip > Plan > Day 2 > Morning\n\nMuseum."),
-        (3, ("Packing",), "Trip > Packing\n\n```bash\n# not a heading\necho hi\n```"),
+        (0, (), f"Trip{lead}\n\nIntro paragraph before any heading."),
+        (1, ("Plan", "Day 1"), f"Trip > Plan > Day 1{lead}\n\nWalk the old town."),
+        (2, ("Plan", "Day 2", "Morning"), f"Trip > Plan > Day 2 > Morning{lead}\n\nMuseum."),
+        (3, ("Packing",), f"Trip > Packing{lead}\n\n```bash\n# not a heading\necho hi\n```"),
     ]
     # "# Plan" and "## Day 2" have no text of their own: skipped
     lines = NOTE.split("\n")
@@ -69,7 +70,8 @@ def test_huge_paragraph_is_cut_hard() -> None:
     words = " ".join(["lorem"] * 400)  # one 2399-char line with spaces
     text = f"{long_line}\n{words}\n"
     chunks = chunk_note(parse_note(text, "h.md"), max_chars=1000)
-    bodies = [c.text.removeprefix("h\n\n") for c in chunks]
+    assert all(c.text.startswith("h\nlorem lorem") for c in chunks)  # its first line of words: the lead
+    bodies = [c.text.split("\n\n", 1)[1] for c in chunks]
     assert all(0 < len(b) <= 1000 for b in bodies)
     assert "".join(bodies[:3]) == long_line
     assert " ".join(bodies[3:]) == words  # cut at spaces, not inside words
@@ -98,7 +100,7 @@ def test_title_change_changes_every_chunk() -> None:
     before = chunk_note(parse_note(NOTE, "t.md"))
     after = chunk_note(parse_note(NOTE.replace("title: Trip", "title: Journey"), "t.md"))
     assert all(b.content_hash != a.content_hash for b, a in zip(before, after, strict=True))
-    assert after[1].text.startswith("Journey > Plan > Day 1\n\n")
+    assert after[1].text.startswith("Journey > Plan > Day 1\nIntro paragraph before any heading.\n\n")
 
 
 def test_fixture_kiln_chunks(fixture_kiln_src: Path) -> None:
@@ -169,3 +171,27 @@ def test_a_megabyte_title_and_long_headings_do_not_multiply_into_every_chunk() -
     multi = parse_note("---\ntitle: |\n  first line\n  second   line\n---\nbody\n", "Multi.md")
     assert multi.title == "first line second line"
     assert note_fields(text, "Long.md").title.startswith("word word")  # its words still count
+
+
+def test_an_undescribed_note_carries_its_lead_sentence(tmp_path: Path) -> None:
+    def prefixes(text: str) -> list[list[str]]:
+        (tmp_path / "n.md").write_text(text)
+        return [c.text.split("\n\n")[0].split("\n") for c in chunk_note(read_note(tmp_path, "n.md"))]
+
+    lead = "Sourdough needs a starter fed every day. It keeps for years."
+    assert prefixes(f"# Bread\n\n{lead}\n\n## Feeding\n\nFlour and water.\n") == [
+        ["Bread", "Sourdough needs a starter fed every day."],
+        ["Bread > Feeding", "Sourdough needs a starter fed every day."],
+    ]
+    # code, lists, quotes, tables, embeds and short lines are not its introduction
+    assert prefixes("# Bread\n\n```\nprint('this is code not prose at all')\n```\n- a list item of words here\n"
+                    "> a quote of enough words here\n| a | table | of | five | cells |\n![[image.png]]\n"
+                    "Short line.\n\nThe loaf rises overnight in the fridge\n")[0] == [
+        "Bread", "The loaf rises overnight in the fridge"]
+    # prose only under a subsection: no introduction, no context line
+    assert prefixes("# Bread\n\n## Feeding\n\nFlour and water keep the starter alive.\n") == [["Bread > Feeding"]]
+    # a description wins over the lead
+    assert prefixes(f"---\ndescription: Notes on baking\n---\n# Bread\n\n{lead}\n")[0] == ["Bread", "Notes on baking"]
+    # a hostile line: bounded
+    long = prefixes("# Bread\n\n" + "word " * 200_000 + "\n")[0]
+    assert long[1].startswith("word word") and len(long[1]) <= 202
