@@ -115,6 +115,10 @@ class RankedResults(SearchResults):
     """semantic_search's answer: the notes, and how far the kiln's index is."""
 
     index: IndexShare
+    # The summary line, in the structured result too (tools.model_result fills it in from
+    # `index`): Claude Code gives its model the structuredContent alone (FIELD-NOTES).
+    notice: str | None = Field(default=None, description="while the index is incomplete, what that means "
+                                                         "for these results (absent once it is complete)")
 
     def summary_line(self) -> str | None:
         """One line for the text content while the index is incomplete (None once complete)."""

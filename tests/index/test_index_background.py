@@ -377,6 +377,7 @@ async def test_cru_mcp_answers_at_once_from_words_with_the_embedded_share(
         as_json, line = _texts(r)
         assert json.loads(as_json) == sc
         assert line.startswith("Index: 0% of the kiln's 33 notes are embedded so far")
+        assert sc["notice"] == line  # in the structured result too: all Claude Code's model reads
         # The answer came from the words while the vector store opened: then the build runs
         # (nothing is ever embedded here, so it stays at "embedding").
         with trio.fail_after(60):
@@ -469,6 +470,7 @@ async def _share_the_kiln(c: Client, embedder: GatedEmbedder, cru_bin: str, clea
     # scores at least as high as the nearest vector's note, so it is one of the first two.
     assert "batch-02/note-0123.md" in [hit["path"] for hit in r.structured_content["results"]]
     assert r.structured_content["index"] == {"embedded": 1.0, "notes": notes}
+    assert "notice" not in r.structured_content and len(r.content) == 1  # complete: nothing to say
 
 
 async def test_searches_while_the_worker_writes_the_first_vectors_all_answer(

@@ -216,6 +216,7 @@ async def test_a_partial_index_says_so_in_one_line() -> None:
     first, line = [c.text for c in r.content if isinstance(c, types.TextContent)]
     assert json.loads(first) == r.structured_content
     assert line.startswith("Index: 34% of the kiln's 10000 notes are embedded so far;")
+    assert r.structured_content["notice"] == line  # what Claude Code's model reads
 
 
 def test_no_arg_schema_is_never_empty() -> None:
