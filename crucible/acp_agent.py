@@ -48,6 +48,7 @@ from acp_host.jsonrpc import (
 from crucible import __version__, hard_stop
 from crucible.acp_forward import CoalescingSendStream, UpdateForwarder
 from crucible.errors import CrucibleError
+from crucible.kiln_calls import kiln_search_text
 from crucible.permissions import GATED_KINDS
 
 if TYPE_CHECKING:
@@ -651,27 +652,9 @@ class AcpAgentServer:
             except JsonRpcError as exc:
                 text = exc.message
         else:
-            text = await self._kiln_search(proxy, arg)
+            text = await kiln_search_text(proxy.cs.bridge, arg)
         await self._say(proxy, text)
         return {"stopReason": "end_turn"}
-
-    async def _kiln_search(self, proxy: ProxySession, query: str) -> str:
-        if not query:
-            return "Usage: /kiln-search WHAT TO LOOK FOR"
-        bridge = proxy.cs.bridge
-        if bridge is None:
-            return "The kiln tools are not available in this session."
-        result = await bridge.call_tool("semantic_search", {"query": query, "limit": 5})
-        data = result.structured_content or {}
-        hits = data.get("results") if isinstance(data, dict) else None
-        if result.is_error or not isinstance(hits, list):
-            return "".join(getattr(c, "text", "") for c in result.content) or "The search failed."
-        if not hits:
-            return f"No notes match {query!r}."
-        lines = [f"Notes for {query!r}:"]
-        for h in hits:
-            lines.append(f"- {h.get('title') or h.get('path')} ({h.get('path')}): {h.get('snippet', '')}".rstrip(": "))
-        return "\n".join(lines)
 
     async def _tell_warnings(self, proxy: ProxySession) -> None:
         """The session's warnings not yet shown (a card mode the agent lacks, an editor MCP

@@ -3,19 +3,23 @@ a clean title (`mcp__crucible__create_note` → `create_note notes/x.md`), a sea
 its top hits (`path — title`), a note write as a diff against the note as it was before.
 
 Pure functions over a tool call's merged state (acp_host.session.ToolCall), plus
-`proposed_write`, which reads the note from the kiln (call it in a thread)."""
+`proposed_write`, which reads the note from the kiln (call it in a thread), and
+`kiln_search_text`: the `/kiln-search` command of `cru chat` and `cru acp`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acp_host.session import ToolCall
 from crucible.bounded_load import load_json
 from crucible.errors import CrucibleError
 from crucible.kiln.paths import resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
+
+if TYPE_CHECKING:  # the bridge's server, for a type only: this module is imported by the TUI's drawing
+    from mcp_bridge.server import BridgeServer
 
 SEARCH_TOOLS = frozenset({"semantic_search", "text_search", "property_search"})
 WRITE_TOOLS = frozenset({"create_note", "update_note"})
@@ -200,3 +204,33 @@ def proposed_write(kiln: Path, bridge: BridgeCall) -> ProposedWrite | None:
     except Exception:  # a preview must never break the chat (odd YAML values the dumper refuses)
         return None
     return ProposedWrite(rel, old, new)
+
+
+KILN_SEARCH_USAGE = "Usage: /kiln-search WHAT TO LOOK FOR"
+SNIPPET_CHARS = 120
+
+
+async def kiln_search_text(bridge: BridgeServer | None, query: str) -> str:
+    """`/kiln-search QUERY`: the session's notes for QUERY (semantic_search, 5 of them) as lines
+    to read, without a model turn; how far the index is when it is not complete."""
+    if not query:
+        return KILN_SEARCH_USAGE
+    if bridge is None:
+        return "The kiln tools are not available in this session."
+    result = await bridge.call_tool("semantic_search", {"query": query, "limit": TOP_HITS})
+    data = result.structured_content or {}
+    hits = data.get("results") if isinstance(data, dict) else None
+    if result.is_error or not isinstance(hits, list):
+        return "".join(getattr(c, "text", "") for c in result.content) or "The search failed."
+    if not hits:
+        return f"No notes match {query!r}."
+    lines = [f"Notes for {query!r}:"]
+    for h in hits:
+        snippet = str(h.get("snippet") or "")
+        if len(snippet) > SNIPPET_CHARS:  # five hits on one screen
+            snippet = snippet[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " …"
+        lines.append(f"- {h.get('title') or h.get('path')} ({h.get('path')}): {snippet}".rstrip(": "))
+    notice = data.get("notice")
+    if isinstance(notice, str) and notice:
+        lines.append(notice)
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crucible.kiln_calls import kiln_search_text
 from crucible.terminal import sanitize
 from crucible.tui.permissions import Question
 from crucible.tui.transcript import TextEntry
@@ -30,6 +31,7 @@ OWN_COMMANDS: dict[str, str] = {
     "queue": "the queued prompts; /queue edit N, /queue drop N|all",
     "copy": "the last answer to the clipboard (/copy N, /copy code [N])",
     "mouse": "/mouse off: the terminal selects; /mouse on: the wheel scrolls",
+    "kiln-search": "your notes for WORDS (no agent turn)",
 }
 
 
@@ -82,7 +84,7 @@ class Commands:
         self.ui = ui
 
     async def run(self, name: str, args: str) -> None:
-        handler = getattr(self, f"do_{name}", None) if name in OWN_COMMANDS else None
+        handler = getattr(self, f"do_{name.replace('-', '_')}", None) if name in OWN_COMMANDS else None
         if handler is None:
             self.ui.error(f"unknown command /{name}: /help lists the commands")
         else:
@@ -123,6 +125,12 @@ class Commands:
         else:
             rules = ", ".join(f"{k}={v}" for k, v in card.tools.items()) or "none"
             self.ui.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
+
+    async def do_kiln_search(self, args: str) -> None:
+        """/kiln-search WORDS: the kiln's notes for WORDS (as `cru acp`'s command), no model turn."""
+        session = self.ui.session
+        text = await kiln_search_text(session.bridge if session is not None else None, args.strip())
+        self.ui.notice(sanitize(text))
 
     async def do_sessions(self, args: str) -> None:
         """/sessions [WORDS]: the picker over the saved conversations, searching WORDS."""

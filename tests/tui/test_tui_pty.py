@@ -273,6 +273,18 @@ def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
     leave(screen)
 
 
+def test_kiln_search_shows_the_notes_without_a_model_turn(tui: TuiRunner) -> None:
+    screen = tui.open(None)
+    screen.wait_for("ready")
+    screen.type_line("/kiln-search")
+    screen.wait_for("Usage: /kiln-search WHAT TO LOOK FOR")
+    screen.type_line("/kiln-search feeding the sourdough starter")
+    screen.wait_all("Notes for 'feeding the sourdough starter':", "(Cooking/Sourdough starter.md)")
+    assert str(tui.kiln) not in screen.text()  # kiln-relative paths only
+    assert prompts_sent(tui) == []  # answered by Crucible: the agent never saw it
+    leave(screen)
+
+
 def test_note_mention_is_completed_and_embedded(tui: TuiRunner) -> None:
     screen = tui.open(None)
     screen.wait_for("ready")
