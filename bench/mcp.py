@@ -141,11 +141,12 @@ async def bench_search(kiln: Path, n: int, env: dict[str, str]) -> dict[str, Any
         # The first search answers while the index builds in the background: time the searches
         # once it is ready, or they measure the build beside them (and the in-process side, run
         # after, would search a whole index).
-        while True:
-            stats = await client.call_tool("get_kiln_stats", {})
-            if (stats.structured_content or {}).get("index", {}).get("phase") == "ready":
-                break
-            await trio.sleep(0.1)
+        with trio.fail_after(600):
+            while True:
+                stats = await client.call_tool("get_kiln_stats", {})
+                if (stats.structured_content or {}).get("index", {}).get("phase") == "ready":
+                    break
+                await trio.sleep(0.1)
         for q in QUERIES:
             await client.call_tool("semantic_search", {"query": q, "limit": 5})
         for q in queries:

@@ -1,9 +1,10 @@
 """Split a note into chunks by heading sections, with a size cap, for embedding and search.
 
 Each chunk's text starts with "Title > H1 > H2" so an embedding knows where the text sits,
-and, on a second line, the note's description (see `_context_line`). A note whose frontmatter says what it is about (`description` or `summary`, `aliases`) gets
-one more chunk holding just that: the note's own one-line answer to "what is this for",
-which is how a person searches who does not remember the note's words.
+and, on a second line, what the note is for: its description, else its lead sentence
+(`_context_line`, `_lead`). A note whose frontmatter says what it is about (`description` or
+`summary`, `aliases`) gets one more chunk holding just that: the note's own one-line answer to
+"what is this for", which is how a person searches who does not remember the note's words.
 """
 
 from __future__ import annotations
