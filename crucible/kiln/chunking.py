@@ -196,14 +196,16 @@ def _context_line(about: str) -> str:
     return (cut[: cut.rfind(" ")] if " " in cut else cut) + " …"
 
 
-_NOT_PROSE = tuple("#>!|<-*+[`=~")  # headings, quotes and callouts, embeds, tables, HTML, lists, links
+# Headings, quotes and callouts, embeds, tables, HTML, links, fences and rules; lists below.
+_NOT_PROSE = tuple("#>!|<[`=~")
+_LIST_ITEM = re.compile(r"(?:[-*+]|\d+[.)])\s")
 _SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)")
 
 
 def _lead(note: Note) -> str:
     """The first sentence of prose before the note's first subsection (its introduction, as an
     undescribed note says what it is for), or "". A line of prose has five words or more and is
-    not in a code block, a list, a table or a quote."""
+    not in a code block, a list, a table or a quote (it may start in **bold**)."""
     lines = note.body.split("\n")
     base = note.body_start_line
     headings = {h.line - base: h for h in note.headings}
@@ -214,7 +216,7 @@ def _lead(note: Note) -> str:
                 continue  # the H1 that gave the note its title
             break  # the first section: what follows is not the note's introduction
         text = line.strip()[:1000]  # a sentence past that is cut at CONTEXT_CHARS anyway
-        if code or not text or text.startswith(_NOT_PROSE) or text[0].isdigit():
+        if code or not text or text.startswith(_NOT_PROSE) or _LIST_ITEM.match(text) or text.startswith("---"):
             continue
         if len(text.split()) >= 5:
             m = _SENTENCE.match(text)

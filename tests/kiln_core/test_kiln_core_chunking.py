@@ -188,6 +188,9 @@ def test_an_undescribed_note_carries_its_lead_sentence(tmp_path: Path) -> None:
                     "> a quote of enough words here\n| a | table | of | five | cells |\n![[image.png]]\n"
                     "Short line.\n\nThe loaf rises overnight in the fridge\n")[0] == [
         "Bread", "The loaf rises overnight in the fridge"]
+    # a numbered list or a rule is not prose either; a line that starts in bold is
+    assert prefixes("# Bread\n\n1. Mix the flour and the water well\n***\n**Sourdough** is bread raised by "
+                    "wild yeast. More.\n")[0] == ["Bread", "**Sourdough** is bread raised by wild yeast."]
     # prose only under a subsection: no introduction, no context line
     assert prefixes("# Bread\n\n## Feeding\n\nFlour and water keep the starter alive.\n") == [["Bread > Feeding"]]
     # a description wins over the lead
