@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic.json_schema import SkipJsonSchema
 
 
@@ -115,10 +115,18 @@ class RankedResults(SearchResults):
     """semantic_search's answer: the notes, and how far the kiln's index is."""
 
     index: IndexShare
-    # The summary line, in the structured result too (tools.model_result fills it in from
-    # `index`): Claude Code gives its model the structuredContent alone (FIELD-NOTES).
+    # The summary line, in the structured result too (filled in from `index` when serialised):
+    # Claude Code gives its model the structuredContent alone (FIELD-NOTES).
     notice: str | None = Field(default=None, description="while the index is incomplete, what that means "
                                                          "for these results (absent once it is complete)")
+
+    @model_serializer(mode="wrap")
+    def _with_notice(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data.pop("notice", None)
+        if (line := self.summary_line()) is not None:
+            data["notice"] = line
+        return data
 
     def summary_line(self) -> str | None:
         """One line for the text content while the index is incomplete (None once complete)."""

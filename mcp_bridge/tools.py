@@ -231,17 +231,12 @@ def error_result(message: str) -> types.CallToolResult:
 
 
 def model_result(model: BaseModel) -> types.CallToolResult:
+    data = model.model_dump(mode="json")
+    content = [types.TextContent(text=json.dumps(data, ensure_ascii=False))]
     # A result may add one line for the reader after its JSON (semantic_search: how far the
-    # index is), as a second text block so the first stays the JSON of structuredContent; a
-    # result with a `notice` field carries it there too, and leaves the field out without one.
+    # index is), as a second text block so the first stays the JSON of structuredContent.
     summary = getattr(model, "summary_line", None)
     line = summary() if callable(summary) else None
-    data = model.model_dump(mode="json")
-    if "notice" in type(model).model_fields:
-        data.pop("notice", None)
-        if line:
-            data["notice"] = line
-    content = [types.TextContent(text=json.dumps(data, ensure_ascii=False))]
     if line:
         content.append(types.TextContent(text=line))
     return types.CallToolResult(content=list(content), structured_content=data)
