@@ -30,7 +30,7 @@ from index import REPO, SHARED_KILN, Printer, cache_dir, sync_kiln  # noqa: E402
 from crucible.config import Config, EmbedderConfig  # noqa: E402
 from crucible.kiln import search as S  # noqa: E402
 from crucible.kiln.index import KilnIndex  # noqa: E402
-from crucible.kiln.lexical import LexicalIndex  # noqa: E402
+from crucible.kiln.lexical import LexicalIndex, tokenize  # noqa: E402
 
 QUERIES = Path(__file__).resolve().parent / "queries.json"
 HARD_QUERIES = Path(__file__).resolve().parent / "queries-hard.json"
@@ -66,7 +66,7 @@ def old_bm25(index: KilnIndex) -> LexicalIndex:
     """The lexical index as it was before issue 15: title x2, then the chunk texts (no heading,
     path or field weights), for comparison in the same run."""
     from crucible.kiln.chunking import chunk_note, note_about
-    from crucible.kiln.lexical import Bm25, tokenize
+    from crucible.kiln.lexical import Bm25
     from crucible.kiln.notes import read_note
 
     lex = LexicalIndex()
@@ -83,10 +83,11 @@ def old_bm25(index: KilnIndex) -> LexicalIndex:
 
 def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_misses: bool,
             variants: bool = False) -> dict[str, tuple[float, float]]:
-    """recall@5 and MRR@10 of BM25 (old and new fields), dense (default chunk weight) and the
-    default (hybrid_search), plus, with `variants`, other chunk weights and fusions."""
+    """recall@5 and MRR@10 of BM25 (old fields; whole notes, sections and their mean, the
+    lexical index's ranking), dense (default chunk weight) and the default (hybrid_search),
+    plus, with `variants`, other chunk weights and fusions."""
     weights = [1.0, 0.7, 0.5, 0.3, 0.0] if variants else [S.CHUNK_WEIGHT]
-    names = ["bm25 (old fields)", "bm25", *(f"dense w={w}" for w in weights)]
+    names = ["bm25 (old fields)", "bm25 notes", "bm25 sections", "bm25", *(f"dense w={w}" for w in weights)]
     if variants:
         names += [f"rrf w={w}" for w in weights]
     names += ["rrf k=60 (old fusion)", "default (hybrid_search)"]
@@ -97,6 +98,10 @@ def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_mi
         text, expected = q["query"], set(q["expected"])
         vec = index.embed_query(text)
         scores["bm25 (old fields)"].append(metrics([p for p, _ in old.search(text, 10)], expected))
+        # the lexical index's two rankings, which "bm25" (its `search`) averages
+        lex, terms = index.lexical(), tokenize(text)
+        scores["bm25 notes"].append(metrics([p for p, _ in lex.bm25.search(terms, 10)], expected))
+        scores["bm25 sections"].append(metrics([p for p, _ in lex.section_ranking(terms, 10)], expected))
         lexical = [p for p, _ in S.lexical_ranking(index, text, S.FUSION_DEPTH)]
         scores["bm25"].append(metrics(lexical, expected))
         for w in weights:

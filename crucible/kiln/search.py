@@ -9,9 +9,10 @@ How notes are ranked by meaning (measured in bench/search.py on the sample kiln)
 a note's score blends its best chunk's cosine similarity with that of its note vector (the
 mean of its chunk vectors), because "best chunk" alone lets huge notes win by sheer number of
 chunks, and the note vector alone misses a note whose one section answers the query.
-The hybrid fuses that ranking with BM25 (`fuse`: a convex combination of normalised scores).
-recall@5 / MRR@10 of the hybrid: the project's own 50 queries 1.00 / 0.95; 85 written without
-a word of the note's title 0.93 / 0.83; 76 written blind 0.96 / 0.88 — so hybrid is the
+The hybrid fuses that ranking with the lexical index's (BM25 over whole notes and over their
+sections, `lexical.LexicalIndex.search`) by `fuse`, a convex combination of normalised scores.
+recall@5 / MRR@10 of the hybrid: the project's own 50 queries 1.00 / 0.96; 85 written without
+a word of the note's title 0.94 / 0.85; 76 written blind 1.00 / 0.89 — so hybrid is the
 default everywhere.
 """
 
@@ -237,7 +238,7 @@ def _semantic(index: KilnIndex, query: str, limit: int) -> list[SearchHit]:
 
 
 def lexical_ranking(index: Words, query: str, depth: int) -> list[tuple[str, float]]:
-    """Notes by BM25 over their words (plain lexical baseline)."""
+    """Notes by their words: BM25 over whole notes and over their sections, averaged."""
     return index.lexical_search(query, depth)
 
 

@@ -4,6 +4,7 @@ text search with line numbers, property search, and bad queries."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from crucible.kiln.index import KilnIndex
 from crucible.kiln.lexical import (
     Bm25,
     LexicalIndex,
+    LexicalView,
     NoteFields,
     field_counts,
     note_fields,
@@ -252,6 +254,82 @@ def test_a_notes_terms_are_counted_by_field_weight() -> None:
     assert counts["compost"] == 1 and "the" not in counts
 
 
+def _garden(root: Path) -> None:
+    (root / "Garden").mkdir(parents=True)
+    (root / "Garden/Winter Beds.md").write_text(
+        "# Winter beds\n\nWhat to do with the beds between November and March.\n\n"
+        "## Mulch\n\nSpread leaf mould over bare soil.\n\n"
+        "## Fleece\n\nCover seedlings with horticultural fleece the evening a frost is forecast.\n\n"
+        "## Tools\n\nOil the spade and hang it up.\n")
+    (root / "Garden/Journal.md").write_text(
+        "# Garden journal\n\n"
+        "## March\n\nThe seedlings came up in the greenhouse. Seedlings everywhere.\n\n"
+        "## April\n\nA late frost again; frost on the lawn. Bought fleece for the fruit cage.\n\n"
+        "## May\n\nEvening watering. Cover crops sown. The evening light was long.\n")
+    (root / "Garden/Compost.md").write_text("# Compost\n\nTurn the heap. Worms and seedlings like it; cover it.\n")
+
+
+def test_a_query_whose_words_sit_together_in_one_section_finds_that_note_first(tmp_path: Path) -> None:
+    """The journal holds the query's words more often, spread over its months; the winter note
+    holds them together, in one section. By whole notes the journal wins; the lexical index
+    also ranks notes by their best section, and its search (the mean of both) and the search
+    by words alone give the winter note first."""
+    _garden(tmp_path)
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    query = "cover seedlings with fleece on an evening of frost"
+    assert lex.bm25.search(tokenize(query), 3)[0][0] == "Garden/Journal.md"
+    assert [p for p, _ in lex.section_ranking(tokenize(query), 3)][0] == "Garden/Winter Beds.md"
+    assert [p for p, _ in lex.search(query, 3)] == ["Garden/Winter Beds.md", "Garden/Journal.md", "Garden/Compost.md"]
+    assert lex.search(query, 3)[0][1] == pytest.approx(1.0, abs=0.05)
+    assert search_module.words_search(LexicalView(tmp_path, lex, threading.RLock()), query, 3)[0].path == "Garden/Winter Beds.md"
+
+
+def test_a_notes_sections_follow_its_edits_and_are_saved(tmp_path: Path) -> None:
+    """Each section with text is a document: the title, its heading path and the description
+    come with its words. An edit to fewer sections drops the rest; a deleted note leaves none;
+    a saved index loads the same sections."""
+    _garden(tmp_path)
+    note = tmp_path / "Garden/Winter Beds.md"
+    note.write_text("---\ndescription: Jobs for the cold months\n---\n" + note.read_text())
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    sections = lex.section_documents("Garden/Winter Beds.md")
+    assert len(sections) == 4  # the introduction, Mulch, Fleece, Tools
+    fleece, length = sections[2]
+    expected = Counter(tokenize("Winter beds Fleece Jobs for the cold months "
+                                "Cover seedlings with horticultural fleece the evening a frost is forecast."))
+    assert fleece == dict(expected) and length == sum(expected.values())
+    loaded = LexicalIndex.from_json(json.loads(json.dumps(lex.to_json())))
+    assert loaded is not None and loaded.section_documents("Garden/Winter Beds.md") == sections
+    before = len(lex.sections)
+    note.write_text("# Winter beds\n\n## Fleece\n\nCover seedlings.\n")
+    lex.refresh(tmp_path)
+    assert len(lex.section_documents("Garden/Winter Beds.md")) == 1 and len(lex.sections) == before - 3
+    note.unlink()
+    lex.refresh(tmp_path)
+    assert lex.section_documents("Garden/Winter Beds.md") == [] and len(lex.sections) == before - 4
+    assert lex.section_ranking(tokenize("horticultural"), 5) == []
+
+
+def test_a_note_of_thousands_of_sections_keeps_the_first_and_is_found_by_all_its_words(tmp_path: Path) -> None:
+    """A note of 3,000 headings is at most MAX_SECTIONS section documents, and a note of
+    sections of distinct words at most MAX_SECTION_TERMS terms of them; a word past those is
+    still found, by the note's own words."""
+    (tmp_path / "Many.md").write_text("".join(f"## Part {i}\n\nword{i} here\n\n" for i in range(3000)))
+    sections = [" ".join(f"w{j}s{i}" for j in range(15_000)) for i in range(8)]  # 120,000 terms
+    sections[7] += " lastword lastword"
+    (tmp_path / "Wide.md").write_text("".join(f"## S{i}\n\n{text}\n\n" for i, text in enumerate(sections)))
+    lex = LexicalIndex()
+    lex.refresh(tmp_path)
+    assert len(lex.section_documents("Many.md")) == lexical.MAX_SECTIONS
+    assert sum(len(c) for c, _ in lex.section_documents("Wide.md")) <= lexical.MAX_SECTION_TERMS
+    assert len(lex.section_documents("Wide.md")) < 8
+    assert lex.search("word2999", 3)[0][0] == "Many.md"
+    assert lex.search("lastword", 3)[0][0] == "Wide.md"
+    assert lex.section_ranking(["lastword"], 3) == []
+
+
 _WORDS = st.sampled_from(["Garden", "beds", "the", "a", "Watering", "watered", "café", "naïve", "12.04",
                           "x_y", "don't", "IS", "notes", "note", "—", "!", "compost"])
 _TEXT = st.lists(_WORDS, max_size=12).map(" ".join)
@@ -303,6 +381,12 @@ def test_documents_added_deferred_are_found_and_scored_as_posted_ones(
             deferred.add_counts(doc, dict(counts), length, deferred=op == "add-deferred")
         assert deferred.search(query, 5) == eager.search(query, 5)
         assert [deferred.idf(t) for t in query] == [eager.idf(t) for t in query]
+        # each document's length norm is kept between searches: the same as from scratch
+        fresh = Bm25()
+        for doc in "abcde":
+            if doc in eager:
+                fresh.add_counts(doc, eager.counts(doc), eager.length(doc))
+        assert eager.scores(query) == pytest.approx(fresh.scores(query))
     assert len(deferred) == len(eager)
     assert {d: deferred.counts(d) for d in "abcde"} == {d: eager.counts(d) for d in "abcde"}
     deferred.post()
