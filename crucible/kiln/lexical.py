@@ -298,7 +298,7 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
     (chunking). Words of a query that sit together in one section score higher there than the
     same words spread over a note. At most MAX_SECTIONS sections and MAX_SECTION_TERMS terms."""
     title = fields.title
-    prefix = Counter(_WORD.findall(f"{title}\n{fields.about[:CONTEXT_CHARS]}".lower()))
+    prefix, _ = term_counts([title, fields.about[:CONTEXT_CHARS]])
     out: list[tuple[dict[str, int], int]] = []
     budget = MAX_SECTION_TERMS
     for path, lines in fields.sections:
@@ -307,11 +307,9 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
         if path and path[0].casefold() == title.casefold():
             path = path[1:]  # the H1 that gave the note its title: said once
         # one pass of the regex over the whole section (sections are short: faster than
-        # term_counts' split into pieces), each distinct word stemmed once
-        words = Counter(_WORD.findall("\n".join((*path, *lines)).lower()))
-        words.update(prefix)
-        counts: dict[str, int] = {}
-        for word, n in words.items():
+        # term_counts' split into pieces)
+        counts = dict(prefix)
+        for word, n in Counter(_WORD.findall("\n".join((*path, *lines)).lower())).items():
             if word not in _STOPWORDS:
                 term = _stem(word)
                 counts[term] = counts.get(term, 0) + n
