@@ -393,6 +393,11 @@ class Bm25:
             self._post_one(doc_id, counts)
         self._unposted = {}
 
+    @property
+    def unposted(self) -> int:
+        """How many documents wait for `post()` (each search scans them: slow past thousands)."""
+        return len(self._unposted)
+
     def counts(self, doc_id: str) -> dict[str, int]:
         unposted = self._unposted.get(doc_id)
         if unposted is not None:
@@ -737,6 +742,7 @@ def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tupl
     changed = bool(lex.refresh(root, deferred=deferred))
     if not deferred:
         lex.bm25.post()  # what the load left unposted
+        lex.sections.post()
     return lex, changed
 
 
