@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,9 +19,10 @@ from typing import Any
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
+from crucible.kiln.lexical import LexicalIndex, LexicalView
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
-from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search
+from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search, words_search
 from crucible.kiln.writer_status import build_status, other_cru, stopped_hint, wait_while_stopped
 from mcp_bridge.kiln_api import SearchHit
 
@@ -209,6 +211,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     index: KilnIndex | None = None
     share: dict[str, Any] | None = None
     try:
+        if mode == "hybrid" and _no_index(root, config):
+            results, share = _search_by_words(root, args.query, args.limit)
+            _print_results(args, results, share)
+            return 0
         if mode in ("semantic", "hybrid"):
             index = _open_existing(root, config)
             if index.count_notes() == 0:
@@ -222,13 +228,34 @@ def cmd_search(args: argparse.Namespace) -> int:
     finally:
         if index is not None:
             index.close()
+    _print_results(args, results, share)
+    return 0
+
+
+def _print_results(args: argparse.Namespace, results: list[SearchHit], share: dict[str, Any] | None) -> None:
     if args.json:
         _print_json({"results": [r.to_json() for r in results], **({"index": share} if share else {})})
     elif not results:
         print("no results", file=sys.stderr)
     else:
         print("\n\n".join(_format_result(i + 1, r) for i, r in enumerate(results)))
-    return 0
+
+
+def _no_index(root: Path, config: Config) -> bool:
+    """The kiln has no index at all (an embedded store never made; not a damaged one)."""
+    return not config.index.url and not (root / RESERVED_DIR).is_symlink() and not (root / STORE_DIR).is_dir()
+
+
+def _search_by_words(root: Path, query: str, limit: int) -> tuple[list[SearchHit], dict[str, Any]]:
+    """A kiln never indexed: its notes by their words, read now (seconds for 10,000 notes) and
+    kept in memory only (a search writes nothing into the kiln), as `semantic_search` answers
+    before the index is built; a line on stderr says so."""
+    lexical = LexicalIndex()
+    lexical.refresh(root)
+    results = words_search(LexicalView(root, lexical, threading.RLock()), query, limit)
+    print("index: the kiln has no index yet: the results are matched by their words only "
+          "(`cru kiln index` builds it, to search by meaning)", file=sys.stderr)
+    return results, {"embedded": 0.0, "notes": len(lexical)}
 
 
 def _searched_share(index: KilnIndex) -> dict[str, Any]:

@@ -251,7 +251,17 @@ def test_the_index_files_are_the_persons_alone(cru_bin: str, clean_env: dict[str
 def test_search_without_index_and_damaged_index(
     cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
 ) -> None:
-    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta")
+    # A kiln never indexed: the notes by their words, said on stderr, as semantic_search does
+    # before the index is built; by meaning alone there is nothing to search.
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "spaghetti sauce")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("1. Cooking/Pasta.md — Pasta night")
+    assert "no index yet: the results are matched by their words only" in done.stderr
+    assert "`cru kiln index` builds it" in done.stderr
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta", "--json")
+    assert json.loads(done.stdout)["index"] == {"embedded": 0.0, "notes": 3}
+    assert json.loads(done.stdout)["results"][0]["path"] == "Cooking/Pasta.md"
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta", "--mode", "semantic")
     assert done.returncode == 1
     assert "no index yet" in done.stderr and "fix: cru kiln index" in done.stderr
     assert not (tiny_kiln / ".crucible").exists()  # searching created nothing
