@@ -251,7 +251,7 @@ def _search_by_words(root: Path, query: str, limit: int) -> tuple[list[SearchHit
     kept in memory only (a search writes nothing into the kiln), as `semantic_search` answers
     before the index is built; a line on stderr says so."""
     lexical = LexicalIndex()
-    lexical.refresh(root)
+    lexical.refresh(root, deferred=True)  # as a first build answers: the links and postings are not needed for one search
     results = words_search(LexicalView(root, lexical, threading.RLock()), query, limit)
     print("index: the kiln has no index yet: the results are matched by their words only "
           "(`cru kiln index` builds it, to search by meaning)", file=sys.stderr)
