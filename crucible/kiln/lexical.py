@@ -710,7 +710,7 @@ class LexicalIndex:
                 lex.titles[path] = str(title)
                 lex.stamps[path] = (int(mtime), int(size))
                 lex.bm25.add_counts(path, terms(counts), int(length), deferred=True)
-                lex._set_sections(path, [(terms(c), int(n)) for n, c in sections[:MAX_SECTIONS]], deferred=True)
+                lex._set_sections(path, [(terms(c), int(n)) for n, c in sections[:MAX_SECTIONS]], deferred=True)  # [length, counts]
                 lex._saved_links[path] = links  # every note: a target with no links of its own too
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
