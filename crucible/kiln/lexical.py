@@ -389,9 +389,10 @@ class Bm25:
 
     def post(self) -> None:
         """Put the documents added deferred into the inverted index."""
-        for doc_id, counts in self._unposted.items():
-            self._post_one(doc_id, counts)
+        unposted = self._unposted
         self._unposted = {}
+        while unposted:  # each count dict freed as it is posted: not both in memory at the peak
+            self._post_one(*unposted.popitem())
 
     @property
     def unposted(self) -> int:
