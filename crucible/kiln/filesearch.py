@@ -270,7 +270,9 @@ def text_search(
     *, time_budget: float = REGEX_BUDGET,
 ) -> list[SearchHit]:
     """Notes whose text contains `query` (literal, or a Python regular expression with
-    `regex=True`), most matching lines first; each with its matching lines and numbers.
+    `regex=True`): those whose path matches it too first (text_search "Idea" puts
+    Inbox/Idea.md before notes that say "idea" more often), then most matching lines first;
+    each with its matching lines and numbers.
 
     Patterns run on the `regex` module, not `re`: it gives up at a deadline (a pattern like
     `(a|aa)+$` backtracks for ages on a long run of `a`s) and releases the GIL while it
@@ -291,7 +293,7 @@ def text_search(
             ) from None
 
     root = Path(root).resolve()
-    hits: list[tuple[str, list[LineMatch]]] = []
+    hits: list[tuple[bool, str, list[LineMatch]]] = []
     for rel, text in _notes_text(root):
         if not search(text):
             continue
@@ -305,10 +307,10 @@ def text_search(
             assert m is not None
             n = text.count("\n", 0, m.start())
             lines = [LineMatch(line=n + 1, text=text.splitlines()[n].strip()[:SNIPPET_CHARS])]
-        hits.append((rel, lines))
-    hits.sort(key=lambda h: (-len(h[1]), h[0]))
+        hits.append((bool(search(rel)), rel, lines))
+    hits.sort(key=lambda h: (not h[0], -len(h[2]), h[1]))
     results = []
-    for rel, lines in hits[:limit]:
+    for _, rel, lines in hits[:limit]:
         note = _cache.note(root, rel)
         first = lines[0]
         results.append(SearchHit(

@@ -183,6 +183,13 @@ def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path
     # the cache sees edits
     (tiny_kiln / "More.md").write_text("nothing here\n")
     assert [h.path for h in text_search(tiny_kiln, "leaves")] == ["Garden/Compost.md"]
+    # a note named as the query comes first, though others say it more often
+    (tiny_kiln / "Inbox").mkdir()
+    (tiny_kiln / "Inbox" / "Idea.md").write_text("# Idea\n\nA thought.\n")
+    (tiny_kiln / "Ideas everywhere.txt.md").write_text("an idea\nanother idea\nidea three\n")
+    (tiny_kiln / "Journal.md").write_text("idea one\nidea two\nidea three\nidea four\n")
+    assert [h.path for h in text_search(tiny_kiln, "Idea")][:3] == ["Ideas everywhere.txt.md", "Inbox/Idea.md", "Journal.md"]
+    assert [h.path for h in text_search(tiny_kiln, r"\bIdea\.md", regex=True)] == []  # the path alone is no hit
 
 
 def test_text_search_keeps_at_most_its_budget_of_note_text(
