@@ -19,7 +19,7 @@ from typing import Any
 from crucible.config import Config, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
-from crucible.kiln.lexical import LexicalIndex, LexicalView
+from crucible.kiln.lexical import LexicalView, load_lexical
 from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search, words_search
@@ -212,7 +212,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     share: dict[str, Any] | None = None
     try:
         if mode == "hybrid" and _no_index(root, config):
-            results, share = _search_by_words(root, args.query, args.limit)
+            results, share = _search_by_words(root, config, args.query, args.limit)
             _print_results(args, results, share)
             return 0
         if mode in ("semantic", "hybrid"):
@@ -246,12 +246,12 @@ def _no_index(root: Path, config: Config) -> bool:
     return not config.index.url and not (root / RESERVED_DIR).is_symlink() and not (root / STORE_DIR).is_dir()
 
 
-def _search_by_words(root: Path, query: str, limit: int) -> tuple[list[SearchHit], dict[str, Any]]:
-    """A kiln never indexed: its notes by their words, read now (seconds for 10,000 notes) and
-    kept in memory only (a search writes nothing into the kiln), as `semantic_search` answers
-    before the index is built; a line on stderr says so."""
-    lexical = LexicalIndex()
-    lexical.refresh(root, deferred=True)  # as a first build answers: the links and postings are not needed for one search
+def _search_by_words(root: Path, config: Config, query: str, limit: int) -> tuple[list[SearchHit], dict[str, Any]]:
+    """A kiln never indexed: its notes by their words (those a session saved, brought up to
+    date, else read now: seconds for 10,000 notes), kept in memory only (a search writes
+    nothing into the kiln), as `semantic_search` answers before the index is built; a line on
+    stderr says so. Read as a first build reads them: one search needs no links or postings."""
+    lexical, _ = load_lexical(root, config.index.collection, deferred=True)
     results = words_search(LexicalView(root, lexical, threading.RLock()), query, limit)
     print("index: the kiln has no index yet: the results are matched by their words only "
           "(`cru kiln index` builds it, to search by meaning)", file=sys.stderr)
