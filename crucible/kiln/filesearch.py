@@ -270,9 +270,9 @@ def text_search(
     *, time_budget: float = REGEX_BUDGET,
 ) -> list[SearchHit]:
     """Notes whose text contains `query` (literal, or a Python regular expression with
-    `regex=True`): those whose path matches it too first (text_search "Idea" puts
-    Inbox/Idea.md before notes that say "idea" more often), then most matching lines first;
-    each with its matching lines and numbers.
+    `regex=True`): those whose file name matches it too first (text_search "Idea" puts
+    Inbox/Idea.md before notes that say "idea" more often; a folder's name does not count),
+    then most matching lines first; each with its matching lines and numbers.
 
     Patterns run on the `regex` module, not `re`: it gives up at a deadline (a pattern like
     `(a|aa)+$` backtracks for ages on a long run of `a`s) and releases the GIL while it
@@ -307,7 +307,7 @@ def text_search(
             assert m is not None
             n = text.count("\n", 0, m.start())
             lines = [LineMatch(line=n + 1, text=text.splitlines()[n].strip()[:SNIPPET_CHARS])]
-        hits.append((bool(search(rel)), rel, lines))
+        hits.append((bool(search(rel.rpartition("/")[2])), rel, lines))
     hits.sort(key=lambda h: (not h[0], -len(h[2]), h[1]))
     results = []
     for _, rel, lines in hits[:limit]:

@@ -190,6 +190,10 @@ def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path
     (tiny_kiln / "Journal.md").write_text("idea one\nidea two\nidea three\nidea four\n")
     assert [h.path for h in text_search(tiny_kiln, "Idea")][:3] == ["Ideas everywhere.txt.md", "Inbox/Idea.md", "Journal.md"]
     assert [h.path for h in text_search(tiny_kiln, r"\bIdea\.md", regex=True)] == []  # the path alone is no hit
+    (tiny_kiln / "Idea").mkdir()  # a folder's name is not the note's
+    (tiny_kiln / "Idea" / "Misc.md").write_text("one idea\n")
+    assert [h.path for h in text_search(tiny_kiln, "Idea")][:4] == [
+        "Ideas everywhere.txt.md", "Inbox/Idea.md", "Journal.md", "Idea/Misc.md"]
 
 
 def test_text_search_keeps_at_most_its_budget_of_note_text(
