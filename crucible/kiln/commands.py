@@ -277,7 +277,7 @@ def _open_existing(root: Path, config: Config) -> KilnIndex:
     """Open the index without creating an embedded store in a kiln that has none."""
     if (root / RESERVED_DIR).is_symlink():
         reserved_dir(root)  # refuses it with the fix: not "no index yet", then that at the index
-    if not config.index.url and not (root / STORE_DIR).is_dir():
+    if _no_index(root, config):
         raise CrucibleError("the kiln has no index yet", "cru kiln index")
     if not config.index.url:
         _wait_while_the_writer_is_stopped(root)

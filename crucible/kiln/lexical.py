@@ -265,6 +265,14 @@ def note_fields(text: str, rel: str) -> NoteFields:
     )
 
 
+def _add_terms(counts: dict[str, int], words: dict[str, int]) -> None:
+    """Add counted lower-case words to `counts` as `tokenize`'s terms (each word stemmed once)."""
+    for word, n in words.items():
+        if word not in _STOPWORDS:
+            term = _stem(word)
+            counts[term] = counts.get(term, 0) + n
+
+
 def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
     """The note's terms (`tokenize`'s) with their counts, each field's counted by its weight,
     and their total. Words are counted before they are stemmed, so each distinct word of the
@@ -281,10 +289,7 @@ def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
     for word in _WORD.findall(fields.stem.lower()):  # the file name, unless it is the title
         if word not in _STOPWORDS and (term := _stem(word)) not in in_title:
             counts[term] = counts.get(term, 0) + PATH_WEIGHT
-    for word, n in words.items():
-        if word not in _STOPWORDS:
-            term = _stem(word)
-            counts[term] = counts.get(term, 0) + n
+    _add_terms(counts, words)
     length = sum(counts.values())  # the note's length stays what it is: BM25 weighs by it
     if len(counts) > MAX_NOTE_TERMS:
         counts = dict(heapq.nlargest(MAX_NOTE_TERMS, counts.items(), key=lambda item: item[1]))
@@ -309,10 +314,7 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
         # one pass of the regex over the whole section (sections are short: faster than
         # term_counts' split into pieces)
         counts = dict(prefix)
-        for word, n in Counter(_WORD.findall("\n".join((*path, *lines)).lower())).items():
-            if word not in _STOPWORDS:
-                term = _stem(word)
-                counts[term] = counts.get(term, 0) + n
+        _add_terms(counts, Counter(_WORD.findall("\n".join((*path, *lines)).lower())))
         budget -= len(counts)
         if budget < 0 or len(out) == MAX_SECTIONS:
             break
@@ -601,13 +603,13 @@ class LexicalIndex:
     def search(self, query: str, limit: int) -> list[tuple[str, float]]:
         """The notes by their words, best first: the mean of the note's score among whole notes
         and its best section's score among sections, each scaled to [0, 1] over its top `limit`
-        (min-max, as `search.fuse` does; the neutral weights, chosen before measuring). Whole
+        (`min_max`, as `search.fuse` fuses; the neutral weights, chosen before measuring). Whole
         notes count the words of titles, headings, paths and links; sections reward a query's
         words found together (bench/search.py: recall@5 / MRR@10 on the hard set, notes alone
         0.88 / 0.68, this 0.94 / 0.81)."""
         terms = tokenize(query)
-        notes = _scaled(self.bm25.search(terms, limit))
-        sections = _scaled(self.section_ranking(terms, limit))
+        notes = min_max(self.bm25.search(terms, limit))
+        sections = min_max(self.section_ranking(terms, limit))
         mean = {p: (notes.get(p, 0.0) + sections.get(p, 0.0)) / 2 for p in notes.keys() | sections.keys()}
         return sorted(mean.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
@@ -718,11 +720,13 @@ class LexicalIndex:
         return lex
 
 
-def _scaled(ranking: list[tuple[str, float]]) -> dict[str, float]:
-    """Scores min-max scaled to [0, 1] over the ranking (all 1.0 when they are equal)."""
+def min_max(ranking: list[tuple[str, float]]) -> dict[str, float]:
+    """A ranking's scores min-max scaled to [0, 1] (all 1.0 when they are equal): how both
+    lexical rankings are averaged here and words and meaning fused in `search.fuse`."""
     if not ranking:
         return {}
-    lo, hi = ranking[-1][1], ranking[0][1]
+    values = [v for _, v in ranking]
+    lo, hi = min(values), max(values)
     return {p: (v - lo) / (hi - lo) if hi > lo else 1.0 for p, v in ranking}
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk, chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
-from crucible.kiln.lexical import tokenize
+from crucible.kiln.lexical import min_max, tokenize
 from crucible.kiln.notes import read_note
 from mcp_bridge.kiln_api import SearchHit
 
@@ -261,14 +261,7 @@ def fuse(
     list scores 0 there, except a note not embedded yet (a partial index): its words stand in
     for its missing vectors, so it is not pushed down for being late."""
 
-    def normalised(items: list[tuple[str, float]]) -> dict[str, float]:
-        if not items:
-            return {}
-        values = [v for _, v in items]
-        lo, hi = min(values), max(values)
-        return {p: (v - lo) / (hi - lo) if hi > lo else 1.0 for p, v in items}
-
-    d, lex = normalised(dense), normalised(lexical)
+    d, lex = min_max(dense), min_max(lexical)
     fused = {}
     for path in d.keys() | lex.keys():
         words = lex.get(path, 0.0)
