@@ -7,6 +7,7 @@ import os
 import select
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -424,8 +425,13 @@ def test_the_watchdog_holds_none_of_the_persons_environment_and_is_not_taken_for
     assert host.stdout is not None and host.stdin is not None
     try:
         watchdog = int(host.stdout.readline())
-        with open(f"/proc/{watchdog}/environ", "rb") as f:
-            assert f.read() == b"CRUCIBLE_WATCHDOG=1\0"
+        # Popen returns once the exec has begun (its close-on-exec pipe closed); the kernel sets
+        # the new environment a moment later, and /proc shows an empty one until then (a CI run
+        # read it in that window). Wait for the exec to finish, then read what it holds.
+        deadline = time.monotonic() + 5
+        while not (environ := Path(f"/proc/{watchdog}/environ").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert environ == b"CRUCIBLE_WATCHDOG=1\0"
     finally:
         host.stdin.close()
         host.wait(10)
