@@ -35,13 +35,15 @@ import posixpath
 import re
 import stat
 import threading
+from array import array
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import snowballstemmer
 
 from crucible.bounded_load import load_json
@@ -349,26 +351,43 @@ class Bm25:
     Ours rather than rank-bm25/bm25s: those build a static corpus and must redo the whole of
     it when one note changes, while the watcher updates notes one at a time.
 
+    Arrays rather than dicts, for vaults of 10,000+ notes (each section of a note is a document
+    too): documents and terms are numbered, each term's postings are two int arrays (document
+    numbers, ascending, and counts) scored with numpy, and each document keeps its terms and
+    counts the same way. At 10,000 generated notes a search takes ~30 % less time and the index
+    ~14 % less memory than with a dict per term. A removed document leaves its postings in
+    place, scoring 0 (its length is infinite), until they outnumber the live ones and
+    `_compact` rewrites the arrays.
+
     A document added `deferred` is kept as its term counts, out of the inverted index, until
     `post()`: searches scan those (a few milliseconds for 10,000 notes), so a first build can
     answer its first search before it spends the ~0.5 s per 10,000 notes that posting takes.
     """
 
+    COMPACT_MIN = 1 << 16  # stale postings always allowed: a rewrite costs about as much as posting
+
     def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
         self.k1, self.b = k1, b
-        self._postings: dict[str, dict[str, int]] = {}
-        self._doc_terms: dict[str, tuple[str, ...]] = {}
-        self._unposted: dict[str, dict[str, int]] = {}  # added deferred, not in _postings yet
-        self._doc_len: dict[str, int] = {}
+        self._number: dict[str, int] = {}  # each document's number
+        self._ids: list[str | None] = []  # each number's document (None: removed)
+        self._lengths = array("d")  # each number's length (inf once removed: it then scores 0)
         self._total_len = 0
-        self._norms: dict[str, float] = {}  # see `scores`
-        self._norms_avg = 0.0
+        self._term: dict[str, int] = {}  # each term's number
+        self._terms: list[str] = []  # each number's term
+        self._docs: list[array[int]] = []  # each term's postings: document numbers, ascending
+        self._tfs: list[array[int]] = []  # ... and the counts, in the same order
+        self._dead: dict[int, int] = {}  # each term's postings of removed documents (until `_compact`)
+        self._doc_terms: dict[int, tuple[array[int], array[int]]] = {}  # a posted document's terms and counts
+        self._unposted: dict[int, dict[str, int]] = {}  # added deferred, not in the postings yet
+        self._stale = 0  # postings of removed documents
+        self._live = 0  # postings of posted documents
+        self._norms: np.ndarray | None = None  # each document's length norm, until a length changes
 
     def __len__(self) -> int:
-        return len(self._doc_len)
+        return len(self._number)
 
     def __contains__(self, doc_id: str) -> bool:
-        return doc_id in self._doc_len
+        return doc_id in self._number
 
     def add(self, doc_id: str, tokens: Sequence[str]) -> None:
         self.add_counts(doc_id, Counter(tokens), len(tokens))
@@ -376,25 +395,42 @@ class Bm25:
     def add_counts(self, doc_id: str, counts: dict[str, int], length: int, *, deferred: bool = False) -> None:
         """Add a document by its term counts (as saved by `counts`)."""
         self.remove(doc_id)
-        self._norms.pop(doc_id, None)
-        if deferred:
-            self._unposted[doc_id] = counts
-        else:
-            self._post_one(doc_id, counts)
-        self._doc_len[doc_id] = length
+        number = len(self._ids)  # numbers only grow: postings stay in ascending order
+        self._number[doc_id] = number
+        self._ids.append(doc_id)
+        self._lengths.append(length)
         self._total_len += length
+        self._norms = None
+        if deferred:
+            self._unposted[number] = counts
+        else:
+            self._post_one(number, counts)
 
-    def _post_one(self, doc_id: str, counts: dict[str, int]) -> None:
-        for term, n in counts.items():
-            self._postings.setdefault(term, {})[doc_id] = n
-        self._doc_terms[doc_id] = tuple(counts)
+    def _post_one(self, number: int, counts: dict[str, int]) -> None:
+        term_of = self._term
+        if new := [t for t in counts if t not in term_of]:
+            term_of.update(zip(new, range(len(self._terms), len(self._terms) + len(new)), strict=True))
+            self._terms += new
+            self._docs += [array("i") for _ in new]
+            self._tfs += [array("i") for _ in new]
+        terms, tfs = array("i", map(term_of.__getitem__, counts)), array("i", counts.values())
+        docs, term_tfs = self._docs, self._tfs  # locals: the hot loop of a build
+        for t, n in zip(terms, tfs, strict=True):
+            docs[t].append(number)
+            term_tfs[t].append(n)
+        self._doc_terms[number] = (terms, tfs)
+        self._live += len(terms)
 
     def post(self) -> None:
         """Put the documents added deferred into the inverted index."""
-        unposted = self._unposted
-        self._unposted = {}
-        while unposted:  # each count dict freed as it is posted: not both in memory at the peak
-            self._post_one(*unposted.popitem())
+        unposted, self._unposted = self._unposted, {}
+        for number in sorted(unposted):  # in number order: each term's postings stay ascending
+            self._post_one(number, unposted.pop(number))  # each freed as posted: not both at the peak
+
+    @property
+    def postings(self) -> int:
+        """How many postings the arrays hold (those of removed documents until `_compact`)."""
+        return self._live + self._stale
 
     @property
     def unposted(self) -> int:
@@ -402,49 +438,90 @@ class Bm25:
         return len(self._unposted)
 
     def counts(self, doc_id: str) -> dict[str, int]:
-        unposted = self._unposted.get(doc_id)
+        number = self._number.get(doc_id)
+        if number is None:
+            return {}
+        unposted = self._unposted.get(number)
         if unposted is not None:
             return dict(unposted)
-        return {t: self._postings[t][doc_id] for t in self._doc_terms.get(doc_id, ())}
+        terms, tfs = self._doc_terms[number]
+        return {self._terms[t]: n for t, n in zip(terms, tfs, strict=True)}
 
     def length(self, doc_id: str) -> int:
-        return self._doc_len.get(doc_id, 0)
+        number = self._number.get(doc_id)
+        return 0 if number is None else int(self._lengths[number])
 
     def vocabulary(self) -> Iterable[str]:
-        """Every term of the documents (a live view: copy it before the index changes)."""
+        """Every term of the documents."""
         self.post()
-        return self._postings.keys()
+        return [term for t, term in enumerate(self._terms) if self._df(t)]
 
     def remove(self, doc_id: str) -> None:
-        if self._unposted.pop(doc_id, None) is not None:
-            self._total_len -= self._doc_len.pop(doc_id)
+        number = self._number.pop(doc_id, None)
+        if number is None:
             return
-        terms = self._doc_terms.pop(doc_id, None)
-        if terms is None:
+        self._ids[number] = None
+        self._total_len -= int(self._lengths[number])
+        self._lengths[number] = math.inf
+        self._norms = None
+        if self._unposted.pop(number, None) is not None:
             return
-        for term in terms:
-            posting = self._postings[term]
-            del posting[doc_id]
-            if not posting:
-                del self._postings[term]
-        self._total_len -= self._doc_len.pop(doc_id)
+        terms, _ = self._doc_terms.pop(number)
+        for t in terms:
+            self._dead[t] = self._dead.get(t, 0) + 1
+        self._live -= len(terms)
+        self._stale += len(terms)
+        if self._stale > max(self.COMPACT_MIN, self._live):
+            self._compact()
 
-    def _matches(self, term: str) -> Collection[tuple[str, int]]:
-        """(document, count) of every document holding `term`."""
-        posted = self._postings.get(term, {}).items()
-        if not self._unposted:
-            return posted
-        return [*posted, *((d, c[term]) for d, c in self._unposted.items() if term in c)]
+    def _compact(self) -> None:
+        """Drop the postings of removed documents and the terms no document holds, numbering
+        the documents and terms left from 0 again (order kept, so postings stay ascending)."""
+        alive = np.array([i is not None for i in self._ids], dtype=bool)
+        renumber = (np.cumsum(alive) - 1).astype(np.intc)
+        kept_terms = [t for t in range(len(self._terms)) if self._df(t)]
+        term_renumber = np.full(len(self._terms), -1, dtype=np.intc)
+        term_renumber[kept_terms] = np.arange(len(kept_terms))
+        docs, tfs = [], []
+        for t in kept_terms:
+            d = np.frombuffer(self._docs[t], dtype=np.intc)
+            keep = alive[d]
+            docs.append(array("i", renumber[d[keep]].tobytes()))
+            tfs.append(array("i", np.frombuffer(self._tfs[t], dtype=np.intc)[keep].tobytes()))
+        self._docs, self._tfs = docs, tfs
+        self._terms = [self._terms[t] for t in kept_terms]
+        self._term = {term: t for t, term in enumerate(self._terms)}
+        self._doc_terms = {
+            int(renumber[n]): (array("i", term_renumber[np.frombuffer(terms, dtype=np.intc)].tobytes()), counts)
+            for n, (terms, counts) in self._doc_terms.items()
+        }
+        self._unposted = {int(renumber[n]): c for n, c in self._unposted.items()}
+        live = [i for i in self._ids if i is not None]
+        self._number = {doc_id: n for n, doc_id in enumerate(live)}
+        self._ids = list(live)
+        self._lengths = array("d", np.frombuffer(self._lengths, dtype=np.float64)[alive].tobytes())
+        self._stale = 0
+        self._dead = {}
+        self._norms = None
+
+    def _df(self, t: int) -> int:
+        """How many posted documents hold term number `t`."""
+        return len(self._docs[t]) - self._dead.get(t, 0)
+
+    def _df_of(self, term: str) -> tuple[int | None, int]:
+        """The term's number (None if no posted document holds it) and its document frequency."""
+        t = self._term.get(term)
+        df = 0 if t is None else self._df(t)
+        if self._unposted:
+            df += sum(1 for c in self._unposted.values() if term in c)
+        return t, df
 
     def _idf(self, df: int) -> float:
-        n = len(self._doc_len)
+        n = len(self._number)
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
     def idf(self, term: str) -> float:
-        df = len(self._postings.get(term, ()))
-        if self._unposted:
-            df += sum(1 for c in self._unposted.values() if term in c)
-        return self._idf(df)
+        return self._idf(self._df_of(term)[1])
 
     def search(self, query_tokens: Sequence[str], limit: int) -> list[tuple[str, float]]:
         best = heapq.nsmallest(limit, ((-v, d) for d, v in self.scores(query_tokens).items()))
@@ -452,25 +529,28 @@ class Bm25:
 
     def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
         """The BM25 score of every document holding a query term (unordered)."""
-        if not self._doc_len:
+        if not self._number:
             return {}
-        avg = self._total_len / len(self._doc_len) or 1.0
-        if self._norms_avg != avg:  # each document's length norm, kept until the lengths change
-            self._norms, self._norms_avg = {}, avg
-        norms, lengths = self._norms, self._doc_len
-        k1, b = self.k1, self.b
-        scores: dict[str, float] = {}
+        avg = self._total_len / len(self._number) or 1.0
+        if (norms := self._norms) is None:
+            lengths = np.frombuffer(self._lengths, dtype=np.float64)
+            norms = self._norms = self.k1 * (1.0 - self.b + self.b * lengths / avg)
+        total = np.zeros(len(self._ids))
         for term in set(query_tokens):
-            matches = self._matches(term)
-            if not matches:
+            t, df = self._df_of(term)
+            if not df:
                 continue
-            weight = self._idf(len(matches)) * (k1 + 1.0)
-            for doc_id, tf in matches:
-                norm = norms.get(doc_id)
-                if norm is None:
-                    norm = norms[doc_id] = k1 * (1.0 - b + b * lengths[doc_id] / avg)
-                scores[doc_id] = scores.get(doc_id, 0.0) + weight * tf / (tf + norm)
-        return scores
+            weight = self._idf(df) * (self.k1 + 1.0)
+            if t is not None and len(self._docs[t]):
+                docs = np.frombuffer(self._docs[t], dtype=np.intc)
+                tf = np.frombuffer(self._tfs[t], dtype=np.intc).astype(np.float64)
+                total[docs] += weight * tf / (tf + norms[docs])  # a document once per term
+            for number, counts in self._unposted.items():
+                if (n := counts.get(term)) is not None:
+                    total[number] += weight * n / (n + norms[number])
+        ids = self._ids
+        # A removed document scores 0 (its norm is infinite): the others holding a term score > 0.
+        return {d: float(total[n]) for n in np.flatnonzero(total).tolist() if (d := ids[n]) is not None}
 
 
 # ---------------------------------------------------------------------------------------------

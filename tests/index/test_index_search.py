@@ -378,20 +378,28 @@ def test_documents_added_deferred_are_found_and_scored_as_posted_ones(
     ops: list[tuple[str, str, dict[str, int]]], query: list[str]
 ) -> None:
     """A first build leaves its documents out of the inverted index until `post()` (the first
-    search scans them instead): every search, idf and count is the same as with them posted."""
-    eager, deferred = Bm25(), Bm25()
+    search scans them instead): every search, idf and count is the same as with them posted.
+    So it is once the postings of removed documents are dropped (`compacting` rewrites them
+    as soon as they outnumber the live ones)."""
+    eager, deferred, compacting = Bm25(), Bm25(), Bm25()
+    compacting.COMPACT_MIN = 0
     for op, doc, counts in ops:
         if op == "remove":
             eager.remove(doc)
             deferred.remove(doc)
+            compacting.remove(doc)
         elif op == "post":
             deferred.post()
         else:
             length = sum(counts.values())
             eager.add_counts(doc, dict(counts), length)
             deferred.add_counts(doc, dict(counts), length, deferred=op == "add-deferred")
+            compacting.add_counts(doc, dict(counts), length)
         assert deferred.search(query, 5) == eager.search(query, 5)
         assert [deferred.idf(t) for t in query] == [eager.idf(t) for t in query]
+        assert compacting.scores(query) == pytest.approx(eager.scores(query))
+        assert sorted(compacting.vocabulary()) == sorted(eager.vocabulary())
+        assert {d: compacting.counts(d) for d in "abcde"} == {d: eager.counts(d) for d in "abcde"}
         # each document's length norm is kept between searches: the same as from scratch
         fresh = Bm25()
         for doc in "abcde":
@@ -403,6 +411,21 @@ def test_documents_added_deferred_are_found_and_scored_as_posted_ones(
     deferred.post()
     assert deferred.search(query, 5) == eager.search(query, 5)
     assert sorted(deferred.vocabulary()) == sorted(eager.vocabulary())
+
+
+def test_a_document_added_again_and_again_keeps_the_index_small() -> None:
+    """The watcher adds a note again on each save: the postings of its old versions are
+    dropped once they outnumber the live ones, so a long session's index does not grow."""
+    bm = Bm25()
+    bm.add("other", tokenize("a quiet note about pottery glazes"))
+    words = [f"word{i}" for i in range(100)]
+    for version in range(3000):  # 300,000 postings added in all
+        bm.add("edited", [*words, f"version{version}"])
+    assert bm.postings <= Bm25.COMPACT_MIN + 2 * 101 + 5
+    assert bm.search(["version2999"], 5)[0][0] == "edited"
+    assert bm.search(["version1"], 5) == [] and bm.search(["glaze"], 5)[0][0] == "other"
+    assert bm.counts("edited") == {**dict.fromkeys(words, 1), "version2999": 1}
+    assert "version1" not in set(bm.vocabulary())
 
 
 def test_snippet_centres_on_the_query() -> None:
