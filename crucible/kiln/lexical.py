@@ -80,6 +80,10 @@ MAX_NOTE_TERMS = 50_000
 # cost millions of entries); the rest of such a note is found by the note's words.
 MAX_SECTIONS = MAX_CHUNKS
 MAX_SECTION_TERMS = 2 * MAX_NOTE_TERMS
+# The saved index read at most: ~3 MB per 1,000 notes, so some 80,000 notes. A larger file
+# (a vast kiln, or one that came with the kiln) is not parsed, which would take ten times its
+# size in memory: the index is read from the notes again, as on a first start.
+MAX_SAVED_BYTES = 256 * 1024 * 1024
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(
@@ -537,17 +541,20 @@ class Bm25:
             norms = self._norms = self.k1 * (1.0 - self.b + self.b * lengths / avg)
         total = np.zeros(len(self._ids))
         for term in set(query_tokens):
-            t, df = self._df_of(term)
-            if not df:
+            t = self._term.get(term)
+            posted = 0 if t is None else self._df(t)
+            unposted = [(number, counts[term]) for number, counts in self._unposted.items() if term in counts]
+            if not posted and not unposted:
                 continue
-            weight = self._idf(df) * (self.k1 + 1.0)
-            if t is not None and len(self._docs[t]):
+            weight = self._idf(posted + len(unposted)) * (self.k1 + 1.0)
+            if t is not None and posted:
                 docs = np.frombuffer(self._docs[t], dtype=np.intc)
                 tf = np.frombuffer(self._tfs[t], dtype=np.intc).astype(np.float64)
                 total[docs] += weight * tf / (tf + norms[docs])  # a document once per term
-            for number, counts in self._unposted.items():
-                if (n := counts.get(term)) is not None:
-                    total[number] += weight * n / (n + norms[number])
+            if unposted:
+                numbers, counts = zip(*unposted, strict=True)
+                docs, tf = np.array(numbers, dtype=np.intp), np.array(counts, dtype=np.float64)
+                total[docs] += weight * tf / (tf + norms[docs])
         ids = self._ids
         # A removed document scores 0 (its norm is infinite): the others holding a term score > 0.
         return {d: float(total[n]) for n in np.flatnonzero(total).tolist() if (d := ids[n]) is not None}
@@ -820,7 +827,9 @@ def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tupl
     from them; and whether it differs from what is saved. `deferred`: the notes read from the
     files are left for `LexicalIndex.post()`."""
     try:
-        data = load_json(lexical_file(root, collection).read_text(encoding="utf-8"))
+        with lexical_file(root, collection).open("rb") as f:
+            saved = f.read(MAX_SAVED_BYTES + 1)
+        data = load_json(saved) if len(saved) <= MAX_SAVED_BYTES else None
     except (OSError, ValueError):
         data = None
     lex = LexicalIndex.from_json(data) or LexicalIndex()

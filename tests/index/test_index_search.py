@@ -447,6 +447,25 @@ def test_a_lexical_index_loaded_to_search_leaves_nothing_to_scan(tiny_kiln: Path
         lexical.lexical_file(tiny_kiln, "c").write_text(json.dumps(lex.to_json()))
 
 
+def test_a_saved_lexical_index_past_its_bound_is_read_from_the_notes_instead(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The saved index is parsed only up to MAX_SAVED_BYTES (JSON takes ~10x its size in
+    memory): past it, the notes are read again. Seen here by a saved title the note does not
+    have, kept from the file while it is within the bound."""
+    lex, _changed = lexical.load_lexical(tiny_kiln, "c")
+    saved = lex.to_json()
+    path = next(iter(saved["notes"]))
+    saved["notes"][path][2] = "A title only the saved file has"
+    (tiny_kiln / ".crucible").mkdir(exist_ok=True)
+    lexical.lexical_file(tiny_kiln, "c").write_text(json.dumps(saved))
+    assert lexical.load_lexical(tiny_kiln, "c")[0].titles[path] == "A title only the saved file has"
+    monkeypatch.setattr(lexical, "MAX_SAVED_BYTES", len(json.dumps(saved)) - 1)
+    read_again, changed = lexical.load_lexical(tiny_kiln, "c")
+    assert read_again.titles[path] == lex.titles[path] != "A title only the saved file has"
+    assert changed and read_again.search("spaghetti", 3)
+
+
 def test_a_loaded_lexical_index_ranks_before_it_is_posted_as_after(tiny_kiln: Path) -> None:
     """A saved index is searchable as soon as it is read (its notes posted later, by `post()`):
     the same ranking, the same scores, before and after; counts written as text (a hand-edited
