@@ -469,7 +469,8 @@ def test_a_saved_lexical_index_past_its_bound_is_read_from_the_notes_instead(
 def test_a_loaded_lexical_index_ranks_before_it_is_posted_as_after(tiny_kiln: Path) -> None:
     """A saved index is searchable as soon as it is read (its notes posted later, by `post()`):
     the same ranking, the same scores, before and after; counts written as text (a hand-edited
-    file) are read as numbers, and counts that are no numbers make the file no index."""
+    file) are read as numbers, and counts that are no numbers, or out of range, make the file
+    no index."""
     built = LexicalIndex()
     built.refresh(tiny_kiln)
     saved = json.loads(json.dumps(built.to_json()))
@@ -488,6 +489,12 @@ def test_a_loaded_lexical_index_ranks_before_it_is_posted_as_after(tiny_kiln: Pa
     assert hand_edited is not None and hand_edited.bm25.counts(path) == {"spaghetti": 2, "sauce": 1}
     saved["notes"][path][4] = {"spaghetti": "many"}
     assert LexicalIndex.from_json(saved) is None
+    # Numbers past what the index holds (32-bit counts; a length past a float's range) make
+    # the file no index either (it is read from the notes again), rather than a crash.
+    for counts, length in (({"spaghetti": 2**40}, 3), ({"spaghetti": 0}, 3), ({"spaghetti": -1}, 3),
+                           ({"spaghetti": 1}, 10**400)):
+        saved["notes"][path][3:5] = [length, counts]
+        assert LexicalIndex.from_json(saved) is None
 
 
 def test_lexical_index_is_saved_and_follows_other_processes(
