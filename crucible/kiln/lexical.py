@@ -41,9 +41,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import snowballstemmer
 
 from crucible.bounded_load import load_json
@@ -60,6 +59,9 @@ from crucible.kiln.notes import (
     wikilinks,
 )
 from crucible.kiln.paths import RESERVED_DIR, iter_markdown, resolve_in_kiln
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TITLE_WEIGHT = 3
 HEADING_WEIGHT = 2
@@ -481,6 +483,7 @@ class Bm25:
     def _compact(self) -> None:
         """Drop the postings of removed documents and the terms no document holds, numbering
         the documents and terms left from 0 again."""
+        import numpy as np  # not at the top: `cru mcp`'s note tools import this module, numpy waits for a search
         alive = np.array([i is not None for i in self._ids], dtype=bool)
         renumber = (np.cumsum(alive) - 1).astype(np.intc)
         kept_terms = [t for t in range(len(self._terms)) if self._df(t)]
@@ -533,6 +536,8 @@ class Bm25:
 
     def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
         """The BM25 score of every document holding a query term (unordered)."""
+        import numpy as np  # not at the top: `cru mcp`'s note tools import this module, numpy waits for a search
+
         if not self._number:
             return {}
         avg = self._total_len / len(self._number) or 1.0
