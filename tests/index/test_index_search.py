@@ -426,6 +426,10 @@ def test_a_document_added_again_and_again_keeps_the_index_small() -> None:
     assert bm.search(["version1"], 5) == [] and bm.search(["glaze"], 5)[0][0] == "other"
     assert bm.counts("edited") == {**dict.fromkeys(words, 1), "version2999": 1}
     assert "version1" not in set(bm.vocabulary())
+    for _ in range(Bm25.COMPACT_MIN + 10):  # an empty note saved again and again: no postings, but numbers
+        bm.add("empty", [])
+    assert len(bm._ids) <= 2 * len(bm) + Bm25.COMPACT_MIN + 1
+    assert bm.search(["version2999"], 5)[0][0] == "edited" and "empty" in bm
 
 
 def test_snippet_centres_on_the_query() -> None:
