@@ -534,7 +534,12 @@ def _worker_main(argv: list[str]) -> int:
     from crucible.kiln.index import KilnIndex  # chromadb (~1 s): after the parent heard we started
 
     try:
-        index = KilnIndex.open(args.kiln, config)
+        # The words read and left unposted: this process never searches them (it embeds, and
+        # saves them when done), so it skips the arrays a search needs (10,000 notes: ~30 MiB
+        # of peak and ~1 s).
+        root = args.kiln.resolve()
+        lexical, changed = load_lexical(root, config.index.collection, deferred=True)
+        index = KilnIndex.open(root, config, lexical=(lexical, changed, threading.RLock()))
         index.working_for(os.getppid())
         last = 0.0
 
