@@ -30,6 +30,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln import filesearch
 from crucible.kiln.builder import FOLLOW_EVERY, BackgroundIndex
 from crucible.kiln.index import STATUS_FILE, IndexProgress, KilnIndex, build_status
+from crucible.kiln.lexical import LexicalIndex, lexical_file
 from crucible.kiln.paths import STORE_DIR
 from crucible.kiln.search import hybrid_search
 from crucible.kiln.store import StaleViewError
@@ -262,6 +263,38 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
         assert hybrid_search(index, "rotting kitchen scraps", 1)[0].path == "Garden/Compost.md"
     finally:
         background.close()
+
+
+def test_the_index_worker_saves_the_words_as_the_notes_give_them(tiny_kiln: Path) -> None:
+    """The index worker reads the kiln's saved words without posting them (it never searches
+    them): what it saves when done is what reading the notes gives, with a note changed since
+    the save and the words of its new link counted for the note it links to."""
+    saved_before = LexicalIndex()
+    saved_before.refresh(tiny_kiln)
+    (tiny_kiln / ".crucible").mkdir(exist_ok=True)
+    lexical_file(tiny_kiln, "kiln").write_text(json.dumps(saved_before.to_json()))
+    with (tiny_kiln / "Links.md").open("a") as f:
+        f.write("\nA xylophone recipe for [[Garden/Compost|the quokka heap]].\n")
+    worker = subprocess.Popen([sys.executable, "-m", "crucible.kiln.builder", "--kiln", str(tiny_kiln)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert worker.stdin is not None and worker.stdout is not None
+    try:
+        worker.stdin.write(Config().model_dump_json() + "\n")
+        worker.stdin.flush()
+        said = [json.loads(line) for line in worker.stdout]  # until it is done and exits
+    finally:
+        worker.stdin.close()
+        worker.wait(60)
+    assert worker.returncode == 0 and "done" in said[-1], said[-3:]
+    saved = LexicalIndex.from_json(json.loads(lexical_file(tiny_kiln, "kiln").read_text()))
+    assert saved is not None
+    fresh = LexicalIndex()
+    fresh.refresh(tiny_kiln)
+    for path in fresh.titles:
+        assert saved.bm25.counts(path) == fresh.bm25.counts(path), path
+        assert saved.section_documents(path) == fresh.section_documents(path), path
+    assert "quokka" in saved.bm25.counts("Garden/Compost.md")  # the link's words, for its target
+    assert saved.search("xylophone", 3)[0][0] == "Links.md"
 
 
 def test_once_ready_the_notes_properties_are_read_so_a_first_property_search_parses_nothing(
