@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
-from crucible.kiln import lexical
+from crucible.kiln import filesearch, lexical
 from crucible.kiln import search as search_module
 from crucible.kiln.index import KilnIndex
 from crucible.kiln.lexical import (
@@ -36,6 +36,7 @@ from crucible.kiln.search import (
     text_search,
 )
 from crucible.kiln.store import TEXT_KEY
+from mcp_bridge.kiln_api import LineMatch
 
 
 @pytest.fixture
@@ -194,6 +195,27 @@ def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path
     (tiny_kiln / "Idea" / "Misc.md").write_text("one idea\n")
     assert [h.path for h in text_search(tiny_kiln, "Idea")][:4] == [
         "Ideas everywhere.txt.md", "Inbox/Idea.md", "Journal.md", "Idea/Misc.md"]
+
+
+_LINE_TEXT = st.lists(st.sampled_from([*"aAbB xß\u0130i\u0131K\u212a", "\n", "\r\n", "\r", "\u2028", "\x0c"]),
+                      max_size=60).map("".join)
+
+
+@given(text=_LINE_TEXT, query=st.text(st.sampled_from(list("aAbxßKk\u212a\u0130i ")), min_size=1, max_size=3),
+       case_sensitive=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_a_literal_query_finds_the_lines_a_search_of_each_line_finds(
+    text: str, query: str, case_sensitive: bool
+) -> None:
+    """text_search finds a literal query's lines with one search per matching line: the same
+    lines, numbers and snippets as searching every line of `str.splitlines` (line breaks of
+    every kind, case folding of ß, the Kelvin sign and dotted I included)."""
+    if not query.strip():
+        return
+    pattern = filesearch._compile(query, False, case_sensitive)
+    per_line = [LineMatch(line=i + 1, text=line.strip()[:filesearch.SNIPPET_CHARS])
+                for i, line in enumerate(text.splitlines()) if pattern.search(line)]
+    assert filesearch._lines_holding(pattern, text) == per_line
 
 
 def test_text_search_keeps_at_most_its_budget_of_note_text(
