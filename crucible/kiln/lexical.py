@@ -515,20 +515,14 @@ class Bm25:
         """How many posted documents hold term number `t`."""
         return len(self._docs[t]) - self._dead.get(t, 0)
 
-    def _df_of(self, term: str) -> tuple[int | None, int]:
-        """The term's number (None if no posted document holds it) and its document frequency."""
-        t = self._term.get(term)
-        df = 0 if t is None else self._df(t)
-        if self._unposted:
-            df += sum(1 for c in self._unposted.values() if term in c)
-        return t, df
-
     def _idf(self, df: int) -> float:
         n = len(self._number)
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
     def idf(self, term: str) -> float:
-        return self._idf(self._df_of(term)[1])
+        t = self._term.get(term)
+        posted = 0 if t is None else self._df(t)
+        return self._idf(posted + sum(1 for c in self._unposted.values() if term in c))
 
     def search(self, query_tokens: Sequence[str], limit: int) -> list[tuple[str, float]]:
         best = heapq.nsmallest(limit, ((-v, d) for d, v in self.scores(query_tokens).items()))
