@@ -23,9 +23,12 @@ import importlib.util
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -390,8 +393,11 @@ def cached_model(folder: Path, int8: bool = False) -> str | bytes:
         Path(__file__).read_bytes(), (folder / "config.json").read_bytes(),
         calibration.read_bytes() if int8 and calibration.is_file() else b"",
         f"{weights.st_size}:{weights.st_mtime_ns}:{int(int8)}".encode()]))[:24]
-    path = cache_dir() / "onnx" / f"{INT8_MODEL if int8 else BUILTIN_MODEL}-{key}.onnx"
+    name = INT8_MODEL if int8 else BUILTIN_MODEL
+    path = cache_dir() / "onnx" / f"{name}-{key}.onnx"
     if path.is_file():
+        with contextlib.suppress(OSError):  # its time says when it was last used (_prune_cached)
+            os.utime(path)
         return str(path)
     if int8:
         model = quantize_model(build_onnx_model(folder, activation_maxima(folder)))
@@ -404,7 +410,50 @@ def cached_model(folder: Path, int8: bool = False) -> str | bytes:
     except OSError as exc:  # a read-only or full cache folder: build again next time
         logger.debug("could not cache the embedder's graph: %s", exc)
         return model
+    _prune_cached(path, name)
     return str(path)
+
+
+# Cached graphs kept per model. Each Crucible version (this module's code) and each copy of the
+# weights has its own (~90 MB, ~135 MB with OpenVINO's form): unpruned, every update left one
+# behind (a development machine here held 147 files, 6.4 GB).
+CACHED_GRAPHS_KEPT = 3
+# What a build killed midway left (its temporary file or folder) is removed once this old (s);
+# a younger one may be another process's build in progress.
+STALE_BUILD_SECONDS = 3600.0
+
+
+def _prune_cached(kept: Path, name: str) -> None:
+    """After `kept` was built: remove the cached graphs of model `name` used least recently
+    beyond CACHED_GRAPHS_KEPT (their OpenVINO form with them), and what killed builds left. A
+    process running a removed graph keeps it (it is loaded); one about to load it finds it gone
+    and builds it again (the callers' retry)."""
+    graph = re.compile(rf"{re.escape(name)}-[0-9a-f]{{24}}\.onnx")
+    leftover = re.compile(rf"\.{re.escape(name)}-[0-9a-f]{{24}}\.onnx\.[0-9a-f]+\.tmp|tmp\w+")
+    others: list[tuple[float, str]] = []
+    try:
+        entries = list(os.scandir(kept.parent))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if graph.fullmatch(entry.name):
+                if entry.name != kept.name:
+                    others.append((st.st_mtime, entry.path))
+            elif leftover.fullmatch(entry.name) and now - st.st_mtime > STALE_BUILD_SECONDS:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+        except OSError:  # removed meanwhile by another process's pruning
+            continue
+    others.sort(reverse=True)
+    for _, stale in others[CACHED_GRAPHS_KEPT - 1:]:
+        for file in (Path(stale), *_openvino_files(stale)):
+            with contextlib.suppress(OSError):
+                file.unlink()
 
 
 # The most tokens (rows x padded width) one onnxruntime call embeds: see _Runtime.run.

@@ -341,3 +341,49 @@ def test_the_built_graph_is_cached_privately_and_a_broken_copy_is_rebuilt(tmp_pa
     assert third["built"] and third["vec"] == first["vec"]
     assert saved.stat().st_size > 1_000_000
     assert {f.name for f in saved.parent.iterdir()} == expected
+
+
+def test_graphs_of_other_versions_are_pruned_to_the_most_recently_used(tmp_path: Path) -> None:
+    """Each Crucible version caches its own graph: a build removes the ones used least recently
+    beyond the few kept (with their OpenVINO form) and what killed builds left, not another
+    model's graph nor a build that may be in progress; a load marks its graph used."""
+    import os
+    import time
+
+    folder = tmp_path / "cache" / "crucible" / "onnx"
+    folder.mkdir(parents=True)
+    now = time.time()
+
+    def made(name: str, age_s: float) -> Path:
+        path = folder / name
+        path.write_bytes(b"x")
+        os.utime(path, (now - age_s, now - age_s))
+        return path
+
+    old = [f"all-MiniLM-L6-v2-{i:024x}" for i in range(4)]  # used 1 .. 4 days ago
+    for days, stem in enumerate(old, start=1):
+        for suffix in (".onnx", ".ov.xml", ".ov.bin"):
+            made(stem + suffix, days * 86400)
+    int8 = made(f"all-MiniLM-L6-v2-int8-{9:024x}.onnx", 9 * 86400)
+    killed = made(f".all-MiniLM-L6-v2-{7:024x}.onnx.bc223843b8ea.tmp", 7200)
+    in_progress = made(f".all-MiniLM-L6-v2-{8:024x}.onnx.0123456789ab.tmp", 10)
+    killed_dir = folder / "tmpab12cd34"
+    killed_dir.mkdir()
+    (killed_dir / "model.bin").write_bytes(b"x")
+    os.utime(killed_dir, (now - 7200, now - 7200))
+
+    first = _load_in_a_new_process(tmp_path / "cache")
+    assert first["built"]
+    (saved,) = [p for p in folder.glob("all-MiniLM-L6-v2-*.onnx") if p.stem not in old and "int8" not in p.name]
+    openvino = emb.chosen_runtime() == "openvino"
+    built = {saved.name} | ({saved.stem + ".ov.xml", saved.stem + ".ov.bin"} if openvino else set())
+    # The two used last beside the new one (three kept), each with its OpenVINO form; the int8
+    # model's graph and a young temporary file kept; the killed build's leftovers removed.
+    kept_old = {stem + suffix for stem in old[:2] for suffix in (".onnx", ".ov.xml", ".ov.bin")}
+    assert {f.name for f in folder.iterdir()} == built | kept_old | {int8.name, in_progress.name}
+    assert not killed.exists() and not killed_dir.exists()
+
+    os.utime(saved, (now - 5 * 86400, now - 5 * 86400))
+    second = _load_in_a_new_process(tmp_path / "cache")
+    assert not second["built"] and second["vec"] == first["vec"]
+    assert saved.stat().st_mtime > now - 60  # loaded: marked used, so the next pruning keeps it
