@@ -317,8 +317,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         index = _open_existing(root, config)
     except CrucibleError as exc:
-        none = not config.index.url and not (root / STORE_DIR).is_dir()
-        index_info = {"status": "none" if none else "unusable", "problem": exc.message, "fix": exc.fix}
+        index_info = {"status": "none" if _no_index(root, config) else "unusable", "problem": exc.message,
+                      "fix": exc.fix}
     else:
         try:
             status = index.status()

@@ -202,6 +202,8 @@ def test_a_crucible_folder_that_is_a_link_is_not_written_through(
         assert "the kiln's .crucible folder is a symbolic link" in done.stdout + done.stderr, args
         assert "remove the link (`rm .crucible` in the kiln's folder)" in done.stdout + done.stderr
         assert done.returncode == (0 if args == ["info"] else 1), args  # info says it, as it says "no index"
+    info = json.loads(cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json").stdout)["index"]
+    assert info["status"] == "unusable" and "symbolic link" in info["problem"]  # not "none": an index may be there
     (tiny_kiln / ".crucible").unlink()
     (tiny_kiln / ".crucible").mkdir()
     (tiny_kiln / ".crucible" / "chroma").symlink_to(elsewhere)
