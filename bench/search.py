@@ -2,7 +2,8 @@
 
 - quality: recall@5 and MRR@10 of BM25 (baseline), of dense note rankings (best chunk, note
   vector, blends) and of their fusions, on bench/queries.json (the project's own set),
-  queries-hard.json (no title words) and queries-fresh.json (the same rule, written blind);
+  queries-hard.json (no title words) and queries-fresh.json (the same rule, written blind),
+  and two sets generated from the kiln of a note someone remembers a word of (`known_item_queries`);
 - latency: semantic_search and hybrid_search p50/p95 against a raw Chroma query plus the
   query embedding (goal: <= 2x).
 
@@ -37,6 +38,41 @@ HARD_QUERIES = Path(__file__).resolve().parent / "queries-hard.json"
 # Written blind by someone who ran no search and saw no score (issue 15, third round): the
 # check that what was chosen on the other two sets was not fitted to them.
 FRESH_QUERIES = Path(__file__).resolve().parent / "queries-fresh.json"
+
+
+def known_item_queries(root: Path, seed: int = 11) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Queries for a note the person remembers a word of, made from the kiln itself (nothing
+    chosen by hand): for each note holding a word of 5+ letters that no other note has, one
+    (seeded) such word (1) with a word of that note that 8 to 40 notes have ("justfile
+    alongside"), and (2) with the words around it in the text ("Interleaving improves transfer").
+    The note is the one expected: the word is found in it alone."""
+    import random
+    import re
+    from collections import Counter
+
+    from crucible.kiln.lexical import _STOPWORDS
+    from crucible.kiln.paths import iter_markdown
+
+    texts = {}
+    for rel in sorted(iter_markdown(root)):
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        texts[rel] = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)  # the frontmatter
+    words = {p: re.findall(r"[A-Za-z][A-Za-z'-]*", t) for p, t in texts.items()}
+    df = Counter(w for ws in words.values() for w in {w.lower() for w in ws if len(w) >= 5})
+    rng = random.Random(seed)
+    pairs, phrases = [], []
+    for path, ws in words.items():
+        only = sorted({w.lower() for w in ws if len(w) >= 5 and df[w.lower()] == 1 and w.lower() not in _STOPWORDS})
+        common = sorted({w.lower() for w in ws if 8 <= df.get(w.lower(), 0) <= 40 and w.lower() not in _STOPWORDS})
+        if only and common:
+            pairs.append({"query": f"{rng.choice(only)} {rng.choice(common)}", "expected": [path]})
+        at = [i for i, w in enumerate(ws) if w.islower() and w in only]
+        if at:
+            i = rng.choice(at)
+            window = [w for w in ws[max(0, i - 3): i + 4] if w.lower() not in _STOPWORDS]
+            j = window.index(ws[i])
+            phrases.append({"query": " ".join(window[max(0, j - 1): j + 2]), "expected": [path]})
+    return pairs, phrases
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
@@ -243,6 +279,11 @@ def main() -> int:
             show_misses=args.misses, variants=args.variants)
     fresh = json.loads(FRESH_QUERIES.read_text())["queries"]
     quality(index, fresh, "sample kiln, bench/queries-fresh.json (written blind, no title words)",
+            show_misses=args.misses, variants=args.variants)
+    pairs, phrases = known_item_queries(kiln)
+    quality(index, pairs, "sample kiln, known items (generated: a word only one note has, and a common word of it)",
+            show_misses=args.misses, variants=args.variants)
+    quality(index, phrases, "sample kiln, known items (generated: a word only one note has, with the words around it)",
             show_misses=args.misses, variants=args.variants)
     if args.quality_only:
         index.close()

@@ -742,6 +742,9 @@ class MiniLMEmbedder:
     on the first `embed` (~1 s)."""
 
     dim = 384
+    # Its cosine similarity for a query and a text clearly about the same thing (sentence-
+    # transformers' MiniLM scale: unrelated text ~0.0-0.1): search.meaning_weight.
+    related_similarity = 0.6
 
     def __init__(self, batch_size: int = 16, threads: int | None = None, int8: bool = False,
                  runtime: str = "auto") -> None:

@@ -53,6 +53,20 @@ FUSION_DEPTH = 50
 FUSION_ALPHA = 0.5
 
 
+def meaning_weight(best_similarity: float, related: float | None) -> float:
+    """The dense ranking's weight in the fusion for one query: FUSION_ALPHA when the embedder's
+    best chunk is at least `related` (its similarity for text clearly about the same thing),
+    less in proportion below it, down to 0 at 0 (unrelated text: a query's median similarity to
+    the docs kiln's chunks is 0.07). Min-max scaling stretches any dense list to [0, 1], so a
+    query the model cannot read (a name, an identifier, a word found in one note: "quokka
+    migration", best similarity 0.30) ranked its noise as high as a paraphrase's match and
+    pushed the one note with the word below notes about "migration". `related` None (an
+    embedder whose similarity scale is not known here: a server's): always FUSION_ALPHA."""
+    if related is None:
+        return FUSION_ALPHA
+    return FUSION_ALPHA * min(1.0, max(0.0, best_similarity) / related)
+
+
 # ---------------------------------------------------------------------------------------------
 # Snippets
 
@@ -290,7 +304,10 @@ def _hybrid(index: KilnIndex, query: str, limit: int, by_meaning: bool) -> list[
         return words_search(index, query, limit)
     lexical = lexical_ranking(index, query, depth)
     embedded = index.embedded_paths()
-    top = fuse([(d.path, score) for d, score in ranked], lexical,
+    best = max((d.chunk_sim for d, _ in ranked if d.chunk_sim is not None), default=0.0)
+    # An embedder that does not say (a test's stand-in, a server's model) keeps the fixed weight.
+    alpha = meaning_weight(best, getattr(index.embedder, "related_similarity", None))
+    top = fuse([(d.path, score) for d, score in ranked], lexical, alpha=alpha,
                not_embedded={p for p, _ in lexical if p not in embedded})
     dense = {d.path: d for d, _ in ranked}
     return _results(index, top[:limit], dense, vector, query)

@@ -612,3 +612,50 @@ def test_property_search_reuses_what_it_parsed(tiny_kiln: Path, monkeypatch: pyt
     parsed.clear()
     assert [r.path for r in property_search(tiny_kiln, "#food")] == ["Cooking/Pasta.md"]
     assert sorted(parsed) == ["Cooking/Pasta.md", "Garden/Compost.md"]
+
+
+def test_a_word_only_one_note_has_brings_that_note_first(tmp_path: Path, fixture_kiln_src: Path) -> None:
+    """A person searching for a name they remember ("quokka", in one note alone) with a word
+    the model does read ("migration"): the embedder cannot read the name (its best similarity
+    is low) and ranks notes about migrations first; its weight in the fusion follows how well
+    it read the query, so the note with the name comes first. A paraphrase, which the model
+    reads, still finds its note by meaning."""
+    import shutil
+
+    root = tmp_path / "kiln"
+    shutil.copytree(fixture_kiln_src, root, ignore=shutil.ignore_patterns(".crucible"))
+    (root / "Storage Schema.md").write_text(
+        "# Schema migrations\n\nThe database has one migration ladder. Each migration adds a table or a "
+        "column; migrations run in order at startup, and a failed migration is rolled back.\n\n"
+        "## Adding a migration\n\nWrite the migration, bump the schema version, test the upgrade.\n")
+    (root / "Birds.md").write_text(
+        "# Birds\n\nSwallows nest under the eaves from May; in September they gather on the wires, and "
+        "their migration takes them south to Africa for the winter. Robins stay all year and sing even "
+        "in December.\n")
+    (root / "Field Trip.md").write_text(
+        "# Weekend log\n\n## Saturday\n\nFerry at eight, bikes from the jetty, lunch at the bakery: two "
+        "pies, a flat white, the paper. Snorkelling at the basin in the afternoon, then a nap on the sand "
+        "and a swim out to the reef marker. Read three chapters of the novel; the detective is clearly "
+        "the brother. Sunset from the lighthouse, a quokka under the bench, whales far out on their "
+        "migration north. Fish and chips on the wall, gulls everywhere, then the last ferry back at six, "
+        "sunburnt and happy.\n\n## Sunday\n\nRain. Laundry, the market, a long call home.\n")
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        assert ix.embedder.related_similarity is not None  # the built-in model says its scale
+        by_meaning = [d.path for d, _ in search_module.dense_ranking(ix, ix.embed_query("quokka migration"), 5)]
+        assert by_meaning[0] == "Storage Schema.md" and "Field Trip.md" not in by_meaning[:3]
+        assert [p for p, _ in search_module.lexical_ranking(ix, "quokka migration", 3)][:2] == [
+            "Field Trip.md", "Storage Schema.md"]
+        assert [r.path for r in hybrid_search(ix, "quokka migration", 3)][0] == "Field Trip.md"
+        assert [r.path for r in hybrid_search(ix, "how do tables and columns get upgraded when the app starts", 3)][0] == (
+            "Storage Schema.md")
+    finally:
+        ix.close()
+
+
+def test_the_meaning_weight_follows_the_embedders_best_similarity() -> None:
+    assert search_module.meaning_weight(0.9, 0.6) == search_module.FUSION_ALPHA
+    assert search_module.meaning_weight(0.3, 0.6) == pytest.approx(search_module.FUSION_ALPHA / 2)
+    assert search_module.meaning_weight(-0.2, 0.6) == 0.0
+    assert search_module.meaning_weight(0.1, None) == search_module.FUSION_ALPHA  # a scale not known here
