@@ -775,10 +775,11 @@ class KilnIndex:
 
     def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
         """Notes by BM25: (path, score), best first."""
-        try:
-            self.follow_store()
-        except StaleViewError:  # the words answer whatever the vector store says (the fallback)
-            self._stale_view = True
+        if not getattr(self._in_reading, "active", False):  # a hybrid search's `reading` just did
+            try:
+                self.follow_store()
+            except StaleViewError:  # the words answer whatever the vector store says (the fallback)
+                self._stale_view = True
         with self._lex_lock:
             return self.lexical().search(query, limit)
 
