@@ -115,6 +115,35 @@ def tokenize(text: str) -> list[str]:
     return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
 
 
+# Stems that do not begin with the word's letters but their last (snowball's exceptional forms
+# "dying", "lying", "tying"); every other stem does (checked on 112,000 words: the test).
+_IRREGULAR_STEMS = frozenset({"die", "lie", "tie"})
+
+
+def counts_of(terms: Iterable[str], text: str) -> dict[str, int]:
+    """How often each of `terms` is among `tokenize(text)`'s (those it holds): the same counts,
+    stemming only the words that can stem to one of them. A snowball stem is the start of its
+    word but for its last letter ("possibl" of "possibility", "happi" of "happy"; but for
+    `_IRREGULAR_STEMS`), so a text holding no such start has none of the terms, and a word
+    shorter than a term, or of another first letter, is not one. A search's snippets count the
+    query's words in up to ~50 notes' chunks (a note of 256 sections took 26 ms), and stemming
+    all their words the first time each is seen was up to half of a first search."""
+    wanted = {t for t in terms if t}
+    lowered = text.lower()
+    if not any(t in _IRREGULAR_STEMS or t[:-1] in lowered for t in wanted):
+        return {}
+    shortest: dict[str, int] = {}
+    for t in wanted:
+        shortest[t[0]] = min(len(t), shortest.get(t[0], len(t)))
+    counts: dict[str, int] = {}
+    for word, n in Counter(_WORD.findall(lowered)).items():
+        if len(word) >= shortest.get(word[0], 1 << 30) and word not in _STOPWORDS:
+            term = _stem(word)
+            if term in wanted:
+                counts[term] = counts.get(term, 0) + n
+    return counts
+
+
 def term_counts(texts: Iterable[str]) -> tuple[dict[str, int], int]:
     """The terms `tokenize` gives for `texts`, with their counts, and how many there are in all:
     the words are counted first, so each distinct word is stemmed once (long texts repeat

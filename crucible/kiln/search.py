@@ -19,7 +19,6 @@ default everywhere.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk, chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
-from crucible.kiln.lexical import min_max, tokenize
+from crucible.kiln.lexical import counts_of, min_max, tokenize
 from crucible.kiln.notes import read_note
 from mcp_bridge.kiln_api import SearchHit
 
@@ -205,7 +204,7 @@ def _most_words(texts: list[str], query: str, index: Words) -> int:
     idf = index.idf(terms)
     best, best_score = 0, 0.0
     for i, text in enumerate(texts):
-        counts = Counter(tokenize(text))
+        counts = counts_of(terms, text)
         score = sum(idf[t] * counts[t] / (counts[t] + 1.2) for t in terms if t in counts)
         if score > best_score:
             best, best_score = i, score

@@ -659,3 +659,28 @@ def test_the_meaning_weight_follows_the_embedders_best_similarity() -> None:
     assert search_module.meaning_weight(0.3, 0.6) == pytest.approx(search_module.FUSION_ALPHA / 2)
     assert search_module.meaning_weight(-0.2, 0.6) == 0.0
     assert search_module.meaning_weight(0.1, None) == search_module.FUSION_ALPHA  # a scale not known here
+
+
+_TRICKY = ["dying", "lying", "tying", "die", "lie", "tie", "skies", "sky", "possibility", "possible", "happy",
+           "happiness", "generously", "news", "early", "only", "ugly", "idly", "gently", "singly", "running",
+           "ran", "relational", "organization", "sensitivity", "Ärger", "straße", "ﬁle", "12", "04", "12.04",
+           "the", "and", "a", "I", "y", "yes", "kiln", "kilns", "notes", "noted", "noting", "x_y"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(_TRICKY) | st.text(min_size=1, max_size=8), max_size=40).map(" ".join),
+       query=st.lists(st.sampled_from(_TRICKY) | st.text(min_size=1, max_size=8), min_size=1, max_size=6).map(" ".join))
+def test_counts_of_a_querys_terms_are_the_counts_tokenize_gives(text: str, query: str) -> None:
+    terms = set(tokenize(query))
+    expected = {t: n for t, n in Counter(tokenize(text)).items() if t in terms}
+    assert lexical.counts_of(terms, text) == expected
+
+
+def test_a_stem_is_its_words_start_but_its_last_letter_save_the_irregular_ones(fixture_kiln_src: Path) -> None:
+    """What counts_of relies on, over the fixture kiln's words and the tricky ones."""
+    words = set(_TRICKY)
+    for path in fixture_kiln_src.rglob("*.md"):
+        words |= set(lexical._WORD.findall(path.read_text(encoding="utf-8").lower()))
+    for word in words:
+        stem = lexical._stem(word.lower())
+        assert word.lower().startswith(stem[:-1]) or stem in lexical._IRREGULAR_STEMS, (word, stem)
