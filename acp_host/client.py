@@ -334,6 +334,7 @@ class AcpClient:
             del self.sessions[session_id]
             await session.aclose()
             raise
+        await session.replay_settled()
         await session.mark_history(False)
         session.apply_session_result(result)
         return session

@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 DEFAULT_INACTIVITY_TIMEOUT = 300.0
 DEFAULT_CANCEL_TIMEOUT = 30.0
 DEFAULT_EVENT_BUFFER = 1024
+# session/load's replay is over once the agent's updates pause this long after its answer (s),
+# or at most REPLAY_SETTLE_LIMIT after it: Gemini CLI 0.61 answers before its replay is all
+# sent (it does not await the stream), and the tail must not read as the live conversation.
+REPLAY_QUIET = 0.2
+REPLAY_SETTLE_LIMIT = 5.0
 # The JSON-RPC error a gated fs/terminal request gets when the host's policy refuses it.
 SERVICE_REFUSED = -32000
 _DATA_CAP = 2000
@@ -879,6 +884,16 @@ class AcpSession:
     # -- history (session/load) -------------------------------------------------------------
     async def mark_history(self, started: bool) -> None:
         await self._emit(HistoryReplay(started))
+
+    async def replay_settled(self, quiet: float = REPLAY_QUIET, limit: float = REPLAY_SETTLE_LIMIT) -> None:
+        """Wait until no update has come for `quiet` seconds (at most `limit`): what an agent
+        still sends of its replay after answering session/load arrives meanwhile."""
+        deadline = trio.current_time() + limit
+        while (now := trio.current_time()) < deadline:
+            idle = now - self._last_activity
+            if idle >= quiet:
+                return
+            await trio.sleep(min(quiet - idle, deadline - now))
 
     async def report_error(self, message: str) -> None:
         await self._emit(SessionError(message))

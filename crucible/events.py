@@ -218,14 +218,31 @@ def _join(run: list[Any]) -> Any:
     return replace(run[0], text="".join([c.text for c in run]))
 
 
+# What an agent replays of a resumed conversation (session/load): the saved transcript holds it
+# already, so it is not saved again (each resume appended the whole conversation once more).
+_REPLAYED = (MessageChunk, ThoughtChunk, UserChunk, ToolCallEvent, PlanChanged)
+
+
 class TranscriptRecorder(Renderer):
     """A session's events as the records of its saved transcript (crucible/session_store.py)."""
 
     def __init__(self, writer: SessionWriter) -> None:
         self.writer = writer
+        self.replaying = False  # between HistoryReplay(started) and its end
 
     def render(self, events: Sequence[Any]) -> None:
+        if self.replaying or any(type(e) is HistoryReplay for e in events):
+            events = self._live(events)
         super().render(joined_chunks(events) if len(events) > 1 else events)
+
+    def _live(self, events: Sequence[Any]) -> list[Any]:
+        kept = []
+        for event in events:
+            if type(event) is HistoryReplay:
+                self.replaying = event.started
+            elif not (self.replaying and isinstance(event, _REPLAYED)):
+                kept.append(event)
+        return kept
 
     def message(self, event: MessageChunk) -> None:
         self.writer.append({"type": "agent_message", "text": event.text})

@@ -16,6 +16,7 @@ from dataclasses import asdict, is_dataclass
 from typing import IO, Any
 
 from acp_host.session import (
+    HistoryReplay,
     MessageChunk,
     PermissionResolved,
     SessionError,
@@ -137,6 +138,7 @@ class TextPrinter(Renderer):
         self._text: list[str] = []  # message text of the batch being rendered
         self._redactor = StreamRedactor()  # a secret the agent streams in pieces is masked too
         self._ended_line = True
+        self._replaying = False  # the agent's replay of a resumed conversation: not the answer
 
     def render(self, events: Sequence[Any]) -> None:
         super().render(events)
@@ -160,11 +162,18 @@ class TextPrinter(Renderer):
         self.err.flush()
 
     def message(self, event: MessageChunk) -> None:
-        self._text.append(event.text)
+        if not self._replaying:
+            self._text.append(event.text)
 
     def tool_call(self, event: ToolCallEvent) -> None:
-        if shown_tool_call(event):
+        if shown_tool_call(event) and not self._replaying:
             self._line(tool_line(event))
+
+    def history_replay(self, event: HistoryReplay) -> None:
+        self._replaying = event.started
+        if not event.started:
+            self._line("[history] the agent replayed the conversation so far (not printed: "
+                       "`cru session show` prints it)")
 
     def permission(self, event: PermissionResolved) -> None:
         self._line(permission_line(event))

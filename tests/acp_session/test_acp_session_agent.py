@@ -513,6 +513,25 @@ async def test_modes_config_options_and_load(scripted: Scripted, tmp_path: Path)
     assert [e.started for e in loaded_events if isinstance(e, HistoryReplay)] == [True, False]
 
 
+async def test_a_replay_sent_after_the_load_answer_is_still_history(scripted: Scripted, tmp_path: Path) -> None:
+    """Gemini CLI answers session/load before its replay is all sent: what comes after the
+    answer, before the agent pauses, is history too, not the live conversation."""
+    argv = scripted.argv({"history": [{"user_text": "old question"}],
+                          "history_after_answer": [{"text": "old answer, "}, {"sleep": 0.05}, {"text": "late"}]})
+    async with connected(argv) as client:
+        loaded = await client.load_session("old-1", tmp_path)
+        events: list[Event] = []
+        while True:
+            try:
+                events.append(loaded.events.receive_nowait())
+            except trio.WouldBlock:
+                break
+    kinds = [type(e) for e in events]
+    assert kinds == [HistoryReplay, UserChunk, MessageChunk, MessageChunk, HistoryReplay], kinds
+    assert texts(events, MessageChunk) == "old answer, late"
+    assert [e.started for e in events if isinstance(e, HistoryReplay)] == [True, False]
+
+
 async def test_interop_with_the_sdk_agent(tmp_path: Path) -> None:
     argv = [sys.executable, str(SDK_AGENT)]
     for decision, chosen in (("allow_once", "once"), ("reject_once", "no")):

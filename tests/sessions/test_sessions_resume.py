@@ -54,3 +54,26 @@ def test_resume_the_agent_lost_falls_back_to_the_saved_conversation(chat: ChatRu
     context = res.stdout.split("</previous_conversation>")[0]
     assert context.index("User: remember the word pineapple") < context.index("User: which word?")
     assert _only_session_id(chat) == old
+
+
+def test_a_conversation_the_agent_replays_is_saved_once(chat: ChatRunner) -> None:
+    """An agent that replays the conversation when it loads it (session/load), part of it after
+    its answer as Gemini CLI does: resumed twice, the saved conversation still holds each message
+    once (the replay is the agent's copy of what is saved), and no replayed text is printed as
+    the new answer."""
+    caps = {"initialize": {"result": {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {}}}}}
+    first = chat.run(caps, "remember the word pineapple")
+    assert first.returncode == 0, first.stderr
+    old = _only_session_id(chat)
+    replay = {**caps, "history": [{"user_text": "remember the word pineapple"}],
+              "history_after_answer": [{"text": "echo: remember the word pineapple"}]}
+    for question in ("which word?", "and now?"):
+        res = chat.run(replay, question, "--resume", old)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().splitlines()[-1] == f"echo: {question}", res.stdout
+    methods = [e["frame"].get("method") for e in chat.agent_log() if e.get("kind") == "in"]
+    assert methods.count("session/load") == 2
+    shown = subprocess.run([chat.cru, "session", "show", old], env=chat.env, capture_output=True, text=True, check=True)
+    body = shown.stdout.split("\n", 1)[1]  # after the title
+    assert body.count("remember the word pineapple") == 2, shown.stdout  # the question and its echo
+    assert body.count("echo: which word?") == 1 and body.count("echo: and now?") == 1
