@@ -385,6 +385,16 @@ def _short(value: Any, cap: int = _DATA_CAP) -> str:
     return text if len(text) <= cap else text[:cap] + "…"
 
 
+def rpc_error_reason(exc: JsonRpcError) -> str:
+    """An agent's error in a few words: its message, and the detail its data gives (Gemini CLI
+    says only "Internal error", with the reason in `data.details`), capped and sanitised."""
+    data = exc.data
+    if isinstance(data, dict):
+        data = data.get("details") or data.get("message") or data
+    text = _short(exc.message, 200)
+    return f"{text}: {_short(data, 300)}" if data not in (None, "", {}) else text
+
+
 def describe_rpc_error(exc: JsonRpcError) -> str:
     """An agent's error for a person: message, code and (capped, sanitised) data."""
     text = f"{_short(exc.message, 500)} (code {exc.code})"

@@ -908,6 +908,10 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
                 # The agent lost its own copy (cleared storage, another machine): the conversation
                 # still goes on, from Crucible's transcript handed over as context.
                 session.resumed_natively = False
-                session.warn(f"the agent could not reopen its session ({exc.message}); "
+                from acp_host.session import (
+                    rpc_error_reason,  # acp.schema: loaded by now, the session runs
+                )
+
+                session.warn(f"the agent could not reopen its session ({rpc_error_reason(exc)}); "
                              f"started a new one with the saved conversation as context")
     return await client.new_session(opts.cwd, servers, **kw)

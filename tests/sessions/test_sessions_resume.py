@@ -77,3 +77,18 @@ def test_a_conversation_the_agent_replays_is_saved_once(chat: ChatRunner) -> Non
     body = shown.stdout.split("\n", 1)[1]  # after the title
     assert body.count("remember the word pineapple") == 2, shown.stdout  # the question and its echo
     assert body.count("echo: which word?") == 1 and body.count("echo: and now?") == 1
+
+
+def test_why_the_agent_could_not_reopen_its_session_is_said(chat: ChatRunner) -> None:
+    """Gemini CLI refuses a load with "Internal error" and the reason in `error.data.details`:
+    the warning gives the reason, not the bare message."""
+    old = _first_run(chat)
+    lost: dict[str, Any] = {"resume_session": {"error": {
+        "code": -32603, "message": "Internal error",
+        "data": {"details": "No previous sessions found for this project.\x1b[2J"}}}}
+    res = chat.run(lost, "which word?", "--resume", old)
+    assert res.returncode == 0, res.stderr
+    said = res.stdout + res.stderr
+    assert ("the agent could not reopen its session (Internal error: No previous sessions found for this "
+            "project.?[2J); started a new one") in said  # the escape made harmless
+    assert "\x1b" not in said
