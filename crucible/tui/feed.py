@@ -96,14 +96,15 @@ class Feed(Renderer):
     def user_message(self, event: UserChunk) -> None:
         """The person's message as an agent replays it (or a saved one): as the chat shows the
         person's own prompt, `› ` first; another message id starts another message."""
+        text = _without_agent_context(event.text)
         cur = self.current
         if (cur is None or cur.kind != "user" or cur.history != self.history
                 or event.message_id != self._user_message):
             self.end_text()
             self._user_message = event.message_id
-            self.text("user", "› " + event.text, markdown=False)
+            self.text("user", "› " + text, markdown=False)
         else:
-            cur.append(event.text)
+            cur.append(text)
 
     def tool_call(self, event: ToolCallEvent) -> None:
         self.draw_tool_call(event.call)
@@ -217,3 +218,14 @@ class ChatFeed(Feed):
 
     def child(self, event: ChildEvent) -> None:
         self.ui.children.show(event)
+
+
+def _without_agent_context(text: str) -> str:
+    """A replayed message part that is the agent's own context, not the person's words (Gemini
+    CLI stores the date, the OS and the working folder's tree as a `<session_context>` part of
+    the first message, and replays it): one line in its place."""
+    body = text.strip()
+    if body.startswith("<session_context>") and body.endswith("</session_context>"):
+        return f"(the agent's session context, {body.count(chr(10)) + 1} lines, not shown)\n"
+    return text
+

@@ -228,6 +228,25 @@ def test_resume_shows_the_agents_replay_as_history(tui: TuiRunner, filler: int) 
     leave(screen)
 
 
+def test_the_agents_own_context_in_a_replayed_message_is_one_line(tui: TuiRunner) -> None:
+    """Gemini CLI replays the first message with its session context (date, OS, the folder's
+    tree) as a part of its own: one line says so; the person's words are shown."""
+    caps = {"loadSession": True, "promptCapabilities": {"embeddedContext": True},
+            "mcpCapabilities": {"http": True}, "sessionCapabilities": {}}
+    context = "<session_context>\nThis is the Gemini CLI.\nsecret-folder-tree/\n</session_context>"
+    script = {"initialize": {"result": {"agentCapabilities": caps}},
+              "history": [{"user_text": context}, {"user_text": "what is sourdough?"}, {"text": "A slow bread."}]}
+    cmd = tui.agent_command(script)
+    first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
+                           env=tui.env, capture_output=True, text=True, timeout=60, cwd=tui.tmp)
+    assert first.returncode == 0, first.stderr
+    screen = tui.open(script, "--resume", _saved_session(tui.env))
+    shown = screen.wait_all("(the agent's session context, 4 lines, not shown)", "what is sourdough?",
+                            "A slow bread.", "end of history")
+    assert "secret-folder-tree" not in shown and "This is the Gemini CLI" not in shown
+    leave(screen)
+
+
 def test_resume_without_replay_shows_the_saved_transcript(tui: TuiRunner) -> None:
     cmd = tui.agent_command(None)
     first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
