@@ -15,15 +15,21 @@ from fake_llm import Reply
 pytestmark = [pytest.mark.real_agent]
 
 
-def test_resume_of_an_opencode_session_uses_opencode(npm_ready: None, fake_llm, kiln: Path, tmp_path: Path,
-                                                      cru_bin: str) -> None:
-    chat = RealChat("opencode", fake_llm, kiln, tmp_path, cru_bin)
+def _first_conversation(chat: RealChat, fake_llm) -> dict:
+    """One turn ("remember the word pineapple" -> "first answer"): the saved conversation's entry."""
     fake_llm.push(Reply.text_reply("first answer"))
     first = chat.run("remember the word pineapple", timeout=180)
     assert first.returncode == 0, first.stderr
-    listed = subprocess.run([cru_bin, "session", "list", "--json"], env=chat.env, capture_output=True, text=True,
+    listed = subprocess.run([chat.cru, "session", "list", "--json"], env=chat.env, capture_output=True, text=True,
                             check=True)
     [conv] = json.loads(listed.stdout)
+    return conv
+
+
+def test_resume_of_an_opencode_session_uses_opencode(npm_ready: None, fake_llm, kiln: Path, tmp_path: Path,
+                                                      cru_bin: str) -> None:
+    chat = RealChat("opencode", fake_llm, kiln, tmp_path, cru_bin)
+    conv = _first_conversation(chat, fake_llm)
     assert conv["agent"] == "opencode"
     fake_llm.push(Reply.text_reply("second answer"))
     # From another folder, without -a: the default agent (claude) must not start.
@@ -62,12 +68,7 @@ def test_resume_of_a_gemini_session_shows_its_replay_once_and_prints_the_new_ans
     replay is all sent: the printed answer is the new one alone (the replay is history, said on
     stderr); resumed again, the saved conversation still holds each message once."""
     chat = RealChat("gemini", fake_llm, kiln, tmp_path, cru_bin)
-    fake_llm.push(Reply.text_reply("first answer"))
-    first = chat.run("remember the word pineapple", timeout=180)
-    assert first.returncode == 0, first.stderr
-    listed = subprocess.run([cru_bin, "session", "list", "--json"], env=chat.env, capture_output=True, text=True,
-                            check=True)
-    [conv] = json.loads(listed.stdout)
+    conv = _first_conversation(chat, fake_llm)
     for question, answer in (("which word?", "second answer"), ("and now?", "third answer")):
         _as_if_minutes_ago(Path(chat.env["HOME"]))
         fake_llm.push(Reply.text_reply(answer))
