@@ -219,30 +219,41 @@ def _join(run: list[Any]) -> Any:
 
 
 # What an agent replays of a resumed conversation (session/load): the saved transcript holds it
-# already, so it is not saved again (each resume appended the whole conversation once more).
+# already, and it is not the answer to a prompt.
 _REPLAYED = (MessageChunk, ThoughtChunk, UserChunk, ToolCallEvent, PlanChanged)
 
 
-class TranscriptRecorder(Renderer):
-    """A session's events as the records of its saved transcript (crucible/session_store.py)."""
+class ReplayFilter:
+    """A session's events without what the agent replays between HistoryReplay(started) and its
+    end (the markers kept): for the renderers that save or print only the live conversation."""
 
-    def __init__(self, writer: SessionWriter) -> None:
-        self.writer = writer
-        self.replaying = False  # between HistoryReplay(started) and its end
+    def __init__(self) -> None:
+        self.replaying = False
 
-    def render(self, events: Sequence[Any]) -> None:
-        if self.replaying or any(type(e) is HistoryReplay for e in events):
-            events = self._live(events)
-        super().render(joined_chunks(events) if len(events) > 1 else events)
-
-    def _live(self, events: Sequence[Any]) -> list[Any]:
+    def live(self, events: Sequence[Any]) -> Sequence[Any]:
+        if not (self.replaying or any(type(e) is HistoryReplay for e in events)):
+            return events  # the usual batch: one scan, nothing copied
         kept = []
         for event in events:
             if type(event) is HistoryReplay:
                 self.replaying = event.started
-            elif not (self.replaying and isinstance(event, _REPLAYED)):
-                kept.append(event)
+            elif self.replaying and isinstance(event, _REPLAYED):
+                continue
+            kept.append(event)
         return kept
+
+
+class TranscriptRecorder(Renderer):
+    """A session's events as the records of its saved transcript (crucible/session_store.py),
+    the agent's replay of a resumed conversation left out (each resume saved it once more)."""
+
+    def __init__(self, writer: SessionWriter) -> None:
+        self.writer = writer
+        self._replay = ReplayFilter()
+
+    def render(self, events: Sequence[Any]) -> None:
+        events = self._replay.live(events)
+        super().render(joined_chunks(events) if len(events) > 1 else events)
 
     def message(self, event: MessageChunk) -> None:
         self.writer.append({"type": "agent_message", "text": event.text})

@@ -31,6 +31,7 @@ from crucible.events import (
     ChildStatus,
     Notice,
     Renderer,
+    ReplayFilter,
     permission_decision,
     shown_tool_call,
 )
@@ -138,10 +139,10 @@ class TextPrinter(Renderer):
         self._text: list[str] = []  # message text of the batch being rendered
         self._redactor = StreamRedactor()  # a secret the agent streams in pieces is masked too
         self._ended_line = True
-        self._replaying = False  # the agent's replay of a resumed conversation: not the answer
+        self._replay = ReplayFilter()  # the agent's replay of a resumed conversation: not the answer
 
     def render(self, events: Sequence[Any]) -> None:
-        super().render(events)
+        super().render(self._replay.live(events))
         self._write_text()
 
     def _write_text(self, *, end: bool = False) -> None:
@@ -162,15 +163,13 @@ class TextPrinter(Renderer):
         self.err.flush()
 
     def message(self, event: MessageChunk) -> None:
-        if not self._replaying:
-            self._text.append(event.text)
+        self._text.append(event.text)
 
     def tool_call(self, event: ToolCallEvent) -> None:
-        if shown_tool_call(event) and not self._replaying:
+        if shown_tool_call(event):
             self._line(tool_line(event))
 
     def history_replay(self, event: HistoryReplay) -> None:
-        self._replaying = event.started
         if not event.started:
             self._line("[history] the agent replayed the conversation so far (not printed: "
                        "`cru session show` prints it)")

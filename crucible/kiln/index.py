@@ -424,6 +424,10 @@ class KilnIndex:
             finally:
                 self._lock.release()
 
+    def _reading_here(self) -> bool:
+        """This thread runs inside `reading` (which followed the store first)."""
+        return bool(getattr(self._in_reading, "active", False))
+
     def reading(self, read: Callable[[], T], fallback: Callable[[], T] | None = None) -> T:
         """Run a search through the store, caught up with other processes' writes first. When
         Chroma cannot read another process's writes yet (StaleViewError: the index worker wrote
@@ -435,7 +439,7 @@ class KilnIndex:
         view opened after it reads all it wrote. A store that still fails so with no other
         writer is reported (damaged). A `reading` inside another (the embedded notes, read by
         a hybrid search) is left to the outer one's tries."""
-        if getattr(self._in_reading, "active", False):
+        if self._reading_here():
             return read()
         self._in_reading.active = True
         try:
@@ -775,7 +779,7 @@ class KilnIndex:
 
     def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]:
         """Notes by BM25: (path, score), best first."""
-        if not getattr(self._in_reading, "active", False):  # a hybrid search's `reading` just did
+        if not self._reading_here():  # else a hybrid search's `reading` just did
             try:
                 self.follow_store()
             except StaleViewError:  # the words answer whatever the vector store says (the fallback)
