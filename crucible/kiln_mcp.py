@@ -299,21 +299,23 @@ class CrucibleKilnBackend:
                     hits = self._redacted(search.words_search(words, query, limit))
                     return RankedResults(results=hits, index=IndexShare(embedded=0.0, notes=len(words)))
             index = background.open_index()
-            share = self._share()
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
             # A kiln mostly not embedded yet is searched by words at once while the query model
             # is not loaded (seconds): its few vectors are not worth the wait. The model loads
             # in the background after this answer, for the next search.
-            by_meaning = share.embedded >= DENSE_WAIT_SHARE or background.query_embedder_ready()
+            by_meaning = background.query_embedder_ready() or self._share().embedded >= DENSE_WAIT_SHARE
             hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
+            # The search caught up with other processes' writes: the share as of it, read without
+            # the store's generation again (as long as the rest of a search on a small kiln)
+            share = self._share(follow=False)
             if not by_meaning and share.embedded > 0:
                 background.load_query_embedder(after=MODEL_LOAD_DELAY)
             return RankedResults(results=hits, index=share)
 
         return self._call(query, ranked)
 
-    def _share(self) -> IndexShare:
-        embedded, notes = self._indexer().current_share()
+    def _share(self, *, follow: bool = True) -> IndexShare:
+        embedded, notes = self._indexer().current_share(follow=follow)
         return IndexShare(embedded=embedded, notes=notes)
 
     def text_search(self, query: str, limit: int, *, regex: bool, case_sensitive: bool) -> list[SearchHit]:

@@ -279,12 +279,13 @@ class BackgroundIndex:
                 except Exception:  # a listener's bug must not stop the index
                     log.exception("index state listener failed")
 
-    def current_share(self) -> tuple[float, int]:
+    def current_share(self, *, follow: bool = True) -> tuple[float, int]:
         """The share a search reports: the progress of the update running (this process's, or
         another's it follows), else read from the open index, caught up with the other
         processes' writes first. Read also when another's update has just ended and the
         follower has not looked yet (once a second): it said 0.0 after a `--rebuild` that had
-        made the whole index again."""
+        made the whole index again. `follow=False`: the caller has just caught up (a search
+        does), and reading the store's generation again would cost as much as the read."""
         from crucible.kiln.store import StaleViewError  # chromadb: loaded with the open index
 
         state = self.state()
@@ -292,7 +293,8 @@ class BackgroundIndex:
                             or (state.phase == "waiting" and build_status(self.root) is not None)):
             return state.embedded, state.notes
         try:
-            self._index.follow_store()  # one read when no other process wrote
+            if follow:
+                self._index.follow_store()  # one read when no other process wrote
         except StaleViewError:
             pass  # `share` says the share known last
         return self.share()

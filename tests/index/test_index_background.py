@@ -106,6 +106,51 @@ def test_a_kiln_never_indexed_answers_by_words_before_its_vector_store_opens(
         backend.close()
 
 
+def test_a_search_reads_the_stores_generation_once_and_reports_the_share_as_of_it(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """semantic_search on the bridge caught up with other processes' writes twice, once for the
+    share it reports and once inside the search: each a read of the store's generation, ~0.5 ms
+    of a ~8 ms search. Once now, and the share it reports is as of that read: a note another
+    process embedded meanwhile is found and counted."""
+    monkeypatch.setenv("CRUCIBLE_INDEX_MODE", "thread")
+    backend = CrucibleKilnBackend(tiny_kiln, Config())
+    here = threading.get_ident()
+    reads: list[int] = []
+    real_generation = index_module.ChromaStore.generation
+
+    def counted(store: Any) -> str:
+        if threading.get_ident() == here:  # not the background index's own follower
+            reads.append(1)
+        return real_generation(store)
+
+    try:
+        backend.start_indexing()
+        backend.open_index(lambda *_: None)
+        deadline = time.monotonic() + 120
+        while backend.index_state().phase != "ready":
+            assert time.monotonic() < deadline, backend.index_state()
+            time.sleep(0.05)
+        backend.semantic_search("chili flakes", 3)  # loads the query model
+        monkeypatch.setattr(index_module.ChromaStore, "generation", counted)
+        found = backend.semantic_search("chili flakes", 3)
+        assert len(reads) == 1
+        assert found.index == IndexShare(embedded=1.0, notes=3)
+        (tiny_kiln / "Quokka.md").write_text("# Quokka\n\nThe quokka census happens on Tuesdays.\n")
+        other = KilnIndex.open(tiny_kiln, Config())  # `cru kiln index` in another terminal
+        try:
+            other.update()
+        finally:
+            other.close()
+        reads.clear()
+        found = backend.semantic_search("quokka census", 3)
+        assert len(reads) == 1
+        assert found.results[0].path == "Quokka.md"
+        assert found.index == IndexShare(embedded=1.0, notes=4)
+    finally:
+        backend.close()
+
+
 def test_the_vector_store_loads_after_the_searches_by_words_that_waited_for_it(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
