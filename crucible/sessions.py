@@ -884,6 +884,15 @@ def _option_values(option: Any) -> list[str]:
     return out
 
 
+def _has_history(session: CrucibleSession) -> bool:
+    """The saved conversation a resumed session goes on from holds something said."""
+    store, ref = session.opts.store, session.opts.resume
+    try:
+        return bool(store is not None and ref and store.history_as_context(ref, max_chars=1))
+    except (CrucibleError, OSError):
+        return True  # unreadable: say what happened
+
+
 async def _start_acp_session(session: CrucibleSession, client: AcpClient, servers: list[dict[str, Any]]) -> AcpSession:
     opts = session.opts
     kw: dict[str, Any] = {"policy": session.on_acp_permission, "inactivity_timeout": opts.inactivity_timeout,
@@ -912,6 +921,10 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
                     rpc_error_reason,  # acp.schema: loaded by now, the session runs
                 )
 
-                session.warn(f"the agent could not reopen its session ({rpc_error_reason(exc)}); "
-                             f"started a new one with the saved conversation as context")
+                reason = rpc_error_reason(exc)
+                if _has_history(session):
+                    session.warn(f"the agent could not reopen its session ({reason}); "
+                                 f"started a new one with the saved conversation as context")
+                else:  # nothing said yet (a client's `sessions new`, then its first prompt): nothing lost
+                    logging.getLogger("crucible.sessions").info("the agent could not reopen its session of no turn (%s): a new one", reason)
     return await client.new_session(opts.cwd, servers, **kw)

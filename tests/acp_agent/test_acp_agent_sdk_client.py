@@ -375,6 +375,30 @@ def test_sessions_are_listed_and_loaded_from_crucibles_transcripts(acp: AcpSetup
     assert "echo: and now?" in editor.text(sid)
 
 
+def test_a_session_with_nothing_said_yet_resumes_without_a_warning(acp: AcpSetup) -> None:
+    """acpx's `sessions new`, then its first prompt from another `cru acp`: the session is resumed
+    before anything was said, and the backend (Claude Code keeps no session of no turn) cannot
+    reopen its own. A new backend session serves it: nothing was lost, so the editor is not
+    told "started a new one with the saved conversation as context" (there is none)."""
+    acp.script({"resume_session": {"error": {"code": -32002, "message": "Resource not found"}}})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.close_session(session_id=new.session_id)
+        await conn.resume_session(session_id=new.session_id, cwd=str(acp.work), mcp_servers=[])
+        resp = await conn.prompt(session_id=new.session_id, prompt=text("hello there"))
+        assert resp.stop_reason == "end_turn"
+        return str(new.session_id)
+
+    sid = run(acp, editor, body)
+    assert "echo: hello there" in editor.text(sid)
+    assert "could not reopen" not in editor.text(sid) + acp.stderr()
+    assert [f["params"]["sessionId"] for f in acp.inbound("session/resume")] == ["sess-1"]
+    prompts = [f["params"]["prompt"] for f in acp.inbound("session/prompt")]
+    assert [b["text"] for b in prompts[-1]] == ["hello there"]  # no empty <previous_conversation>
+
+
 class RawEditor:
     """Frames by hand, for what no SDK client sends (malformed frames, $/cancel_request)."""
 
