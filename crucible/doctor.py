@@ -51,6 +51,18 @@ class AgentReport:
     # What `cru agents` and `cru doctor` print for it: ok (and only with no problem), login,
     # broken, missing or "not run".
     state: str = "ok"
+    # A defect of this build that a person meets in use, and the update that has it fixed (the
+    # agent still works: no problem, the state unchanged)
+    note: str | None = None
+
+
+# Agent builds, by the name they give at initialize, with a defect known upstream.
+_KNOWN_DEFECTS: dict[str, str] = {
+    # Stuck at 0.23.1 since the package moved; seen here in `cru chat` and through acpx.
+    "@zed-industries/claude-agent-acp": (
+        "after a cancelled turn every answer comes one prompt late (claude-agent-acp#551, fixed in the "
+        "package's new name): npm install -g @agentclientprotocol/claude-agent-acp"),
+}
 
 
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
@@ -111,6 +123,7 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
             if init is not None and init.agent_info is not None:
                 report.agent_info = f"{init.agent_info.name} {init.agent_info.version}"
                 report.version = init.agent_info.version
+                report.note = _KNOWN_DEFECTS.get(init.agent_info.name)
             if init is not None and init.auth_methods:
                 report.auth_methods = [m.id for m in init.auth_methods]
             env = agent_env(spec)
@@ -159,6 +172,8 @@ def _print_agents(reports: list[AgentReport]) -> None:
             print(f"{'':<10} problem: {r.problem}")
         if r.fix:
             print(f"{'':<10} fix:     {r.fix}")
+        if r.note:
+            print(f"{'':<10} note:    {r.note}")
 
 
 def cmd_agents(args: argparse.Namespace) -> int:

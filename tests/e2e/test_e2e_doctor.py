@@ -30,6 +30,11 @@ def test_agents_reports_found_missing_and_broken(npm_ready: None, tmp_path: Path
     lines = {line.split()[0]: line for line in res.stdout.splitlines() if line and not line.startswith(" ")}
     for name in ("claude", "opencode"):
         assert lines[name].split()[1] == "ok", res.stdout
+    # The adapter the tests pin is the old package, whose answers lag after a cancel: said, with the update.
+    rows = res.stdout.splitlines()
+    after_claude = rows[rows.index(lines["claude"]) + 1]
+    assert "note:" in after_claude and "npm install -g @agentclientprotocol/claude-agent-acp" in after_claude
+    assert "note:" not in rows[rows.index(lines["opencode"]) + 1]
     # No key for gemini in this environment: not "ok" beside a problem, but what is missing (16.7).
     assert lines["gemini"].split()[1] == "login" and "GEMINI_API_KEY" in res.stdout, res.stdout
     assert lines["codex"].split()[1] == "missing"
