@@ -926,5 +926,6 @@ async def _start_acp_session(session: CrucibleSession, client: AcpClient, server
                     session.warn(f"the agent could not reopen its session ({reason}); "
                                  f"started a new one with the saved conversation as context")
                 else:  # nothing said yet (a client's `sessions new`, then its first prompt): nothing lost
-                    logging.getLogger("crucible.sessions").info("the agent could not reopen its session of no turn (%s): a new one", reason)
+                    logging.getLogger("crucible.sessions").info(
+                        "the agent could not reopen its session of no turn (%s): a new one", reason)
     return await client.new_session(opts.cwd, servers, **kw)
