@@ -797,8 +797,8 @@ class KilnIndex:
 
     def save_lexical(self) -> None:
         with self._lex_lock:
-            if not self._lex_dirty or self._lexical is None:
-                return
+            if not self._lex_dirty or self._lexical is None or not self._lexical.words:
+                return  # (the index worker's stamps alone: the session saves the words)
             data = json.dumps(self._lexical.to_json())
             self._lex_dirty = False
         try:

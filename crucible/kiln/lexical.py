@@ -612,7 +612,10 @@ class LexicalIndex:
 
     FORMAT = 6  # 5: the words around the links to a note count as its own; 6: sections
 
-    def __init__(self) -> None:
+    def __init__(self, *, words: bool = True) -> None:
+        # False: the notes' titles and stamps alone, for a process that never searches them
+        # (the index worker, which embeds what changed): never saved, so never over the words.
+        self.words = words
         self.bm25 = Bm25()
         self.sections = Bm25()  # documents "path#n", n counting the note's sections from 0
         self._section_count: dict[str, int] = {}
@@ -639,6 +642,8 @@ class LexicalIndex:
         fields = note_fields(text, path)
         self.titles[path] = clip_title(fields.title)
         self.stamps[path] = stamp
+        if not self.words:
+            return
         self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
         self._set_sections(path, section_counts(fields), deferred=deferred)
         self._incoming[path] = {}  # its counts are its own words now
@@ -663,6 +668,8 @@ class LexicalIndex:
     def drop_note(self, path: str) -> None:
         self.titles.pop(path, None)
         self.stamps.pop(path, None)
+        if not self.words:
+            return
         self._incoming.pop(path, None)
         self.bm25.remove(path)
         self._set_sections(path, [])
@@ -804,6 +811,8 @@ class LexicalIndex:
     def to_json(self) -> dict[str, Any]:
         """Each note's stamp, title, BM25 length and counts (the terms of the links to it in
         them), and its own links, so that a load needs no link resolved until a note changes."""
+        if not self.words:
+            raise ValueError("an index of the notes' stamps alone is not saved: it has no words")
         self.resolve_links()  # what was read deferred and not posted yet
         links = self._saved_links or self.graph.links
         return {
@@ -817,13 +826,21 @@ class LexicalIndex:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> LexicalIndex | None:
+    def from_json(cls, data: Any, *, words: bool = True) -> LexicalIndex | None:
         """The saved index if it is well-formed and of this format, else None. Its notes are
         searchable at once and posted by `post()` (deferred: the load is what a second start's
-        first answer waits for)."""
+        first answer waits for). `words=False`: the titles and stamps alone (see `words`)."""
         if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
             return None
-        lex = cls()
+        lex = cls(words=words)
+        if not words:
+            try:
+                for path, (mtime, size, title, *_) in data["notes"].items():
+                    lex.titles[str(path)] = str(title)
+                    lex.stamps[str(path)] = (int(mtime), int(size))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                return None
+            return lex
 
         def terms(counts: Any) -> dict[str, int]:
             if type(counts) is not dict or not set(map(type, counts.values())) <= _INT:  # as saved (checked in C)
@@ -860,17 +877,18 @@ def lexical_file(root: Path, collection: str) -> Path:
     return root / RESERVED_DIR / f"lexical-{collection}.json"
 
 
-def load_lexical(root: Path, collection: str, *, deferred: bool = False) -> tuple[LexicalIndex, bool]:
+def load_lexical(root: Path, collection: str, *, deferred: bool = False,
+                 words: bool = True) -> tuple[LexicalIndex, bool]:
     """The kiln's lexical index: the saved one brought up to date with the files, else built
     from them; and whether it differs from what is saved. `deferred`: the notes read from the
-    files are left for `LexicalIndex.post()`."""
+    files are left for `LexicalIndex.post()`; `words=False`: their titles and stamps alone."""
     try:
         with lexical_file(root, collection).open("rb") as f:
             saved = f.read(MAX_SAVED_BYTES + 1)
         data = load_json(saved) if len(saved) <= MAX_SAVED_BYTES else None
     except (OSError, ValueError):
         data = None
-    lex = LexicalIndex.from_json(data) or LexicalIndex()
+    lex = LexicalIndex.from_json(data, words=words) or LexicalIndex(words=words)
     changed = bool(lex.refresh(root, deferred=deferred))
     if not deferred:
         lex.bm25.post()  # what the load left unposted

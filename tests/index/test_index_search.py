@@ -522,6 +522,31 @@ def test_a_loaded_lexical_index_ranks_before_it_is_posted_as_after(tiny_kiln: Pa
         assert LexicalIndex.from_json(saved) is None
 
 
+def test_the_notes_stamps_alone_follow_the_files_and_are_never_saved(tiny_kiln: Path) -> None:
+    """The index worker's lexical index (`words=False`): the saved titles and stamps, brought up to
+    date with the files as the whole index is, with no words; writing it out is refused (it
+    would replace the saved words with none)."""
+    built = LexicalIndex()
+    built.refresh(tiny_kiln)
+    saved = json.loads(json.dumps(built.to_json()))
+    stamps = LexicalIndex.from_json(saved, words=False)
+    assert stamps is not None and not stamps.words
+    assert stamps.titles == built.titles and stamps.stamps == built.stamps
+    assert len(stamps.bm25) == len(stamps.sections) == 0 and stamps.search("spaghetti", 5) == []
+    (tiny_kiln / "Cooking" / "Pasta.md").write_text("# Pasta, changed\n\nOnly water now.\n")
+    (tiny_kiln / "Cooking" / "Soup.md").write_text("# Soup\n\nLeeks.\n")
+    (tiny_kiln / "Links.md").unlink()
+    assert sorted(stamps.refresh(tiny_kiln)) == ["Cooking/Pasta.md", "Cooking/Soup.md", "Links.md"]
+    again = LexicalIndex()
+    again.refresh(tiny_kiln)
+    assert stamps.titles == again.titles and stamps.stamps == again.stamps
+    assert len(stamps.bm25) == len(stamps.sections) == 0
+    with pytest.raises(ValueError, match="not saved"):
+        stamps.to_json()
+    saved["notes"]["Cooking/Pasta.md"][0] = "yesterday"
+    assert LexicalIndex.from_json(saved, words=False) is None  # not as saved: read from the notes
+
+
 def test_lexical_index_is_saved_and_follows_other_processes(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
