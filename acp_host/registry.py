@@ -176,6 +176,21 @@ def known_names(profiles: Profiles | None = None) -> list[str]:
     return [*BUILTINS, *sorted(n for n in (profiles or {}) if n not in BUILTINS)]
 
 
+# Agent builds, by the name they give at initialize, with a defect a person meets in use.
+_KNOWN_DEFECTS: dict[str, str] = {
+    # Stuck at 0.23.1 since the package moved; seen by hand in `cru chat` and through acpx.
+    "@zed-industries/claude-agent-acp": (
+        "after a cancelled turn every answer comes one prompt late (claude-agent-acp#551, fixed in the "
+        "package's new name): npm install -g @agentclientprotocol/claude-agent-acp"),
+}
+
+
+def known_defect(agent_info: Any) -> str | None:
+    """The known defect of the agent build that said `agent_info` (ACP's Implementation) at
+    initialize, with the update that has it fixed; None for any other."""
+    return _KNOWN_DEFECTS.get(str(getattr(agent_info, "name", "")))
+
+
 def install_hint(name: str) -> str:
     """The command that installs agent `name`, or how to run an agent Crucible does not know."""
     b = BUILTINS.get(name)

@@ -21,6 +21,7 @@ from acp_host.registry import (
     auth_hint,
     fetch_on_run,
     install_hint,
+    known_defect,
     known_names,
     resolve_agent,
 )
@@ -55,14 +56,6 @@ class AgentReport:
     # agent still works: no problem, the state unchanged)
     note: str | None = None
 
-
-# Agent builds, by the name they give at initialize, with a defect known upstream.
-_KNOWN_DEFECTS: dict[str, str] = {
-    # Stuck at 0.23.1 since the package moved; seen here in `cru chat` and through acpx.
-    "@zed-industries/claude-agent-acp": (
-        "after a cancelled turn every answer comes one prompt late (claude-agent-acp#551, fixed in the "
-        "package's new name): npm install -g @agentclientprotocol/claude-agent-acp"),
-}
 
 
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
@@ -123,7 +116,7 @@ async def probe_agent(spec: Any, init_timeout: float = PROBE_TIMEOUT) -> AgentRe
             if init is not None and init.agent_info is not None:
                 report.agent_info = f"{init.agent_info.name} {init.agent_info.version}"
                 report.version = init.agent_info.version
-                report.note = _KNOWN_DEFECTS.get(init.agent_info.name)
+                report.note = known_defect(init.agent_info)
             if init is not None and init.auth_methods:
                 report.auth_methods = [m.id for m in init.auth_methods]
             env = agent_env(spec)

@@ -12,6 +12,7 @@ _OWN = Style.from_dict({
     "user": "bold #5fafff",
     "notice": "#8a8a8a",
     "error": "bold #ff5f5f",
+    "warning": "#d7af00",
     "dim": "#8a8a8a",
     "md.heading": "bold underline",
     "md.bold": "bold",

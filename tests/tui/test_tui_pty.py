@@ -111,6 +111,25 @@ def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: P
     leave(screen)
 
 
+def test_an_agent_build_known_to_lag_after_a_cancel_says_so_once_with_the_update(tui: TuiRunner) -> None:
+    """The old claude-agent-acp package answers one prompt late after a cancelled turn (upstream
+    #551; seen by hand here): the chat says so at the first cancel, with the update, and once."""
+    stall = load_script("stall.json")["prompts"][0]
+    script = {"prompts": [stall, stall],
+              "initialize": {"result": {"agentInfo": {"name": "@zed-industries/claude-agent-acp", "version": "0.23.1"}}}}
+    screen = tui.open(script)
+    screen.wait_for("ready")
+    for turn in (1, 2):
+        screen.type_line("take your time")
+        screen.wait_for(lambda s: "running" in s.splitlines()[-1])
+        screen.send(CTRL_C)
+        screen.wait_for(lambda s, n=turn: s.count("the turn was cancelled") == n and s.count("stopped.") == n
+                        and "running" not in s.splitlines()[-1])
+    text = " ".join(screen.text().split())  # the note wraps at the screen's width
+    assert text.count("one prompt late") == 1 and "npm install -g @agentclientprotocol/claude-agent-acp" in text
+    leave(screen)
+
+
 def test_ctrl_c_cancels_the_turn_then_twice_leaves(tui: TuiRunner) -> None:
     script = {"prompts": [load_script("stall.json")["prompts"][0]]}
     screen = tui.open(script)
@@ -122,6 +141,7 @@ def test_ctrl_c_cancels_the_turn_then_twice_leaves(tui: TuiRunner) -> None:
     screen.wait_for("the turn was cancelled")
     assert tui.wait_for_log(lambda e: e.get("kind") == "turn_end")["stopReason"] == "cancelled"
     screen.wait_for("stopped.")  # updates after the cancel still show
+    assert "one prompt late" not in screen.text()  # said only of a build known for it (above)
     # Still usable: the next prompt is answered (the echo turn).
     screen.type_line("still there?")
     screen.wait_for("echo: still there?")
