@@ -583,6 +583,8 @@ class AcpAgentServer:
             if failure is not None:
                 raise _rpc_error(CrucibleError(failure.cause, failure.fix))
             raise JsonRpcError(INTERNAL_ERROR, ended.error)
+        if ended.stop_reason == "cancelled" and (defect := proxy.cs.cancel_defect_once()) is not None:
+            proxy.cs.warn(defect)  # told at the next prompt, before the answer it would make late
         result: dict[str, Any] = {"stopReason": ended.stop_reason}
         if ended.usage is not None:
             result["usage"] = _dump(ended.usage)

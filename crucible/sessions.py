@@ -31,7 +31,13 @@ import trio
 
 from acp_host.jsonrpc import JsonRpcError
 from acp_host.process import AgentProcess, AgentStartError
-from acp_host.registry import AgentRegistryError, AgentSpec, install_hint, resolve_agent
+from acp_host.registry import (
+    AgentRegistryError,
+    AgentSpec,
+    install_hint,
+    known_defect,
+    resolve_agent,
+)
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     GATED_KINDS,
@@ -357,6 +363,7 @@ class CrucibleSession:
         self.bridge_transport = ""
         self.bridge_listed = trio.Event()
         self.warnings: list[str] = []  # for the person: shown by `cru chat`, sent to the editor by `cru acp`
+        self._cancel_defect_said = False  # see cancel_defect_once
         self._preapproved: dict[str, int] = {}  # bridge tool -> calls the person already approved
         # ACP tool kind (execute, edit) -> fs/terminal requests the person approved this turn
         self._service_preapproved: dict[str, int] = {}
@@ -465,6 +472,15 @@ class CrucibleSession:
         """Something the person should know that does not stop the session; saved with it."""
         self.warnings.append(message)
         self.writer.append({"type": "warning", "message": message})
+
+    def cancel_defect_once(self) -> str | None:
+        """After a cancelled turn: the agent build's known defect with cancels and its update
+        (`acp_host.registry.known_defect`), the first time asked in this session; else None."""
+        init = self.client.init if self.client is not None else None
+        if self._cancel_defect_said or init is None or (defect := known_defect(init.agent_info)) is None:
+            return None
+        self._cancel_defect_said = True
+        return defect
 
     def bridge_read_only(self, tool: str) -> bool:
         """Kiln tools by name; upstream and plugin tools as the bridge knows them."""

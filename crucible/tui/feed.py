@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from acp_host.registry import known_defect
 from acp_host.session import (
     HistoryReplay,
     MessageChunk,
@@ -138,7 +137,6 @@ class ChatFeed(Feed):
         self.ui = ui
         self.skipping_replay = False  # /restart: the agent's replay of what is on the screen already
         self._reading: set[str] = set()  # note-write calls whose note is being read for their diff
-        self._defect_said = False  # the agent build's known defect with cancels (said once)
 
     def render(self, events: Sequence[Any]) -> None:
         if self.skipping_replay or self.ui.restarted:
@@ -211,16 +209,11 @@ class ChatFeed(Feed):
             self.ui.check_agent()
         elif event.stop_reason == "cancelled":
             self.add_notice("the turn was cancelled")
-            if not self._defect_said and (defect := self._agent_defect()) is not None:
-                self._defect_said = True
+            session = self.ui.session
+            if session is not None and (defect := session.cancel_defect_once()) is not None:
                 self.add_notice(f"note: {defect}", "class:warning")
         elif event.stop_reason != "end_turn":
             self.add_notice(f"the turn ended: {event.stop_reason}")
-
-    def _agent_defect(self) -> str | None:
-        session = self.ui.session
-        init = session.client.init if session is not None and session.client is not None else None
-        return known_defect(init.agent_info) if init is not None else None
 
     def error(self, event: SessionError) -> None:
         super().error(event)

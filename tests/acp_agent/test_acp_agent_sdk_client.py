@@ -305,6 +305,37 @@ def test_cancel_answers_the_pending_permission_cancelled_on_both_sides(acp: AcpS
     assert alive_after_close == []
 
 
+@pytest.mark.parametrize("agent_name", ["@zed-industries/claude-agent-acp", "scripted-agent"])
+def test_a_backend_known_to_lag_after_a_cancel_is_named_to_the_editor_once(acp: AcpSetup, agent_name: str) -> None:
+    """The old claude-agent-acp package answers one prompt late after a cancelled turn (upstream
+    #551): the editor is told at the prompt after the first cancel, with the update, once; a
+    backend not known for it is told nothing."""
+    stall = {"steps": [{"text": "working"}, {"stall": None}], "after_cancel": [{"text": " stopped"}]}
+    acp.script({"prompts": [stall, {"steps": [{"text": "next"}]}, stall, {"steps": [{"text": "last"}]}],
+                "initialize": {"result": {"agentInfo": {"name": agent_name, "version": "0.23.1"}}}})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[list[str], str]:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        ends: list[str] = []
+        for words in ("take your time", "and now?", "again, slowly", "and now?"):
+            turn = asyncio.create_task(conn.prompt(session_id=new.session_id, prompt=text(words)))
+            if "time" in words or "slowly" in words:
+                await asyncio.sleep(0.5)
+                await conn.cancel(session_id=new.session_id)
+            ends.append((await asyncio.wait_for(turn, 30)).stop_reason)
+        return ends, str(new.session_id)
+
+    ends, sid = run(acp, editor, body)
+    assert ends == ["cancelled", "end_turn", "cancelled", "end_turn"]
+    said = editor.text(sid)
+    if agent_name == "scripted-agent":
+        assert "one prompt late" not in said
+        return
+    assert said.count("one prompt late") == 1 and "npm install -g @agentclientprotocol/claude-agent-acp" in said
+    assert said.index("stopped") < said.index("one prompt late") < said.index("next")  # before the next answer
+
+
 def test_close_ends_the_backend_and_eof_ends_everything(acp: AcpSetup) -> None:
     acp.script({})
     editor = Editor()
