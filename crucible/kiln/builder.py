@@ -537,8 +537,8 @@ def _worker_main(argv: list[str]) -> int:
 
     try:
         # The notes' stamps alone, not their words: this process never searches them (it embeds
-        # what changed; the session, which searches, saves the words). 10,000 notes: ~45 MiB
-        # less of its peak (~700 MiB).
+        # what changed; the session, which searches, saves the words). 10,000 notes: ~35 MiB
+        # less of its peak (~700 MiB a minute into a first build).
         root = args.kiln.resolve()
         lexical, changed = load_lexical(root, config.index.collection, deferred=True, words=False)
         index = KilnIndex.open(root, config, lexical=(lexical, changed, threading.RLock()))

@@ -312,7 +312,7 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
 
 def test_the_index_worker_reads_the_notes_stamps_alone_and_leaves_the_saved_words(tiny_kiln: Path) -> None:
     """The index worker embeds what changed and never searches: it reads the notes' titles and
-    stamps, not their words (~45 MiB of its peak at 10,000 notes), and never writes the saved
+    stamps, not their words (~35 MiB of its peak at 10,000 notes), and never writes the saved
     words (an index without them would replace them). A note changed since the save is
     embedded, and the words the session reads next are what reading the notes gives, with
     the words of the changed note's new link counted for the note it links to."""
