@@ -525,6 +525,8 @@ class AcpAgentServer:
         session_caps = getattr(caps, "session_capabilities", None)
         native_replay = (proxy.cs.resumed_natively and getattr(session_caps, "resume", None) is None
                          and bool(getattr(caps, "load_session", False)))
+        if not replay:
+            fwd.drop_replay()  # a backend that could only load it replayed it (Gemini CLI)
         await fwd.go_live()
         if replay and not native_replay:
             await self._replay(proxy, store, meta.id)

@@ -24,6 +24,9 @@ from acp_host.jsonrpc import ConnectionClosed, JsonRpcPeer, Notification, encode
 # Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
 # Every other update goes to the editor as the backend wrote it.
 SPLICED = ("available_commands_update", "config_option_update")
+# The updates a backend's replay of its conversation is made of (session/load).
+CONVERSATION = frozenset({"user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call",
+                          "tool_call_update", "plan"})
 # An update forwarded from its decoded form, framed by hand.
 _UPDATE_HEAD = b'{"jsonrpc":"2.0","method":"session/update","params":'
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -222,6 +225,13 @@ class UpdateForwarder:
             await editor.notify("session/update", out)
         except ConnectionClosed:
             pass  # the editor is gone; the session is being torn down
+
+    def drop_replay(self) -> None:
+        """Leave out the conversation the backend replayed while it was loaded (held until
+        `go_live`): an editor that resumed the session (session/resume) has it, and shows a
+        replay as new messages. Its commands, modes and options stay."""
+        self.early = [p for p in self.early
+                      if not (type(u := p.get("update")) is dict and u.get("sessionUpdate") in CONVERSATION)]
 
     async def go_live(self) -> None:
         """Send what was held, in order; later updates go straight through. Then Crucible's

@@ -430,6 +430,41 @@ def test_a_session_with_nothing_said_yet_resumes_without_a_warning(acp: AcpSetup
     assert [b["text"] for b in prompts[-1]] == ["hello there"]  # no empty <previous_conversation>
 
 
+def test_a_resumed_session_gets_no_replay_from_a_backend_that_can_only_load(acp: AcpSetup) -> None:
+    """acpx resumes its session (session/resume) from a new `cru acp` each time the last one is
+    gone. Gemini CLI can only load a session, and replays its conversation when it does (part of
+    it after its answer): the editor asked for no replay, and printed the replayed messages glued
+    before the next answer (seen by hand). It gets none; a session/load still gets the history."""
+    caps = {"initialize": {"result": {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {}}}}}
+    acp.script({**caps, "history": [{"user_text": "remember the word apple"}],
+                "history_after_answer": [{"text": "echo: remember the word apple"}]})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> tuple[str, list[Any], list[Any]]:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=text("remember the word apple"))
+        await conn.close_session(session_id=new.session_id)
+        editor.updates.clear()
+        await conn.resume_session(session_id=new.session_id, cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=text("which word?"))
+        resumed = list(editor.updates)
+        await conn.close_session(session_id=new.session_id)
+        editor.updates.clear()
+        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
+        loaded = list(editor.updates)
+        return str(new.session_id), resumed, loaded
+
+    sid, resumed, loaded = run(acp, editor, body)
+    assert len(acp.inbound("session/load")) == 2  # both reopened natively: the backend replayed twice
+
+    def said(updates: list[Any]) -> list[tuple[str, str]]:
+        return [(type(u).__name__, u.content.text) for s, u in updates
+                if s == sid and hasattr(u, "content") and hasattr(u.content, "text")]
+
+    assert [t for t in said(resumed) if not t[1].startswith("⚠ Crucible:")] == [("AgentMessageChunk", "echo: which word?")]
+    assert ("AgentMessageChunk", "echo: remember the word apple") in said(loaded)
+
+
 class RawEditor:
     """Frames by hand, for what no SDK client sends (malformed frames, $/cancel_request)."""
 
