@@ -57,7 +57,6 @@ class AgentReport:
     note: str | None = None
 
 
-
 # Where each agent keeps a login, or the variable that stands for one. A best guess: the
 # agent itself is the authority (it answers "Authentication required" at the first prompt).
 _CREDENTIALS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
