@@ -24,7 +24,8 @@ from acp_host.jsonrpc import ConnectionClosed, JsonRpcPeer, Notification, encode
 # Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
 # Every other update goes to the editor as the backend wrote it.
 SPLICED = ("available_commands_update", "config_option_update")
-# The updates a backend's replay of its conversation is made of (session/load).
+# The updates a backend's replay of its conversation is made of (session/load): the raw kinds of
+# what `crucible.events.ReplayFilter` leaves out of the typed events (keep the two in step).
 CONVERSATION = frozenset({"user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call",
                           "tool_call_update", "plan"})
 # An update forwarded from its decoded form, framed by hand.

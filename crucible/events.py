@@ -219,7 +219,8 @@ def _join(run: list[Any]) -> Any:
 
 
 # What an agent replays of a resumed conversation (session/load): the saved transcript holds it
-# already, and it is not the answer to a prompt.
+# already, and it is not the answer to a prompt. (`crucible.acp_forward.CONVERSATION` names the
+# same updates by their raw kinds, for an editor that resumed: keep the two in step.)
 _REPLAYED = (MessageChunk, ThoughtChunk, UserChunk, ToolCallEvent, PlanChanged)
 
 
