@@ -34,15 +34,21 @@ class Screen:
         self.raw = bytearray()
 
     def pump(self, timeout: float = 0.05) -> bool:
-        """Feed what the program wrote so far into the emulator; False once it exited."""
-        try:
-            data = self.child.read_nonblocking(65536, timeout=timeout)
-        except pexpect.TIMEOUT:
-            return True
-        except pexpect.EOF:
-            return False
-        self.raw += data
-        self.stream.feed(data)
+        """Feed what the program wrote so far into the emulator; False once it exited. Once
+        something arrived, what follows within 10 ms is read too: one frame can reach the pty in
+        several reads, and a half-drawn frame (new rows above, the last frame's below) can pass
+        a check that the whole frame fails."""
+        wait, until = timeout, time.monotonic() + timeout + 0.2  # a steady stream still returns
+        while time.monotonic() < until:
+            try:
+                data = self.child.read_nonblocking(65536, timeout=wait)
+            except pexpect.TIMEOUT:
+                return True
+            except pexpect.EOF:
+                return False
+            self.raw += data
+            self.stream.feed(data)
+            wait = 0.01
         return True
 
     def text(self) -> str:

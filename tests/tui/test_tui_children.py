@@ -174,7 +174,8 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     assert re.search(r"└ 2 messages, 3 tool calls · done in [\d.]+ s", summary), summary
     # Ctrl-O expands it again, the whole child in order; again collapses it.
     screen.send(CTRL_O)
-    shown = screen.wait_all("▾ parent › helper — done", "twice a day")
+    # ("twice a day" is also in the parent's tool result: wait for it inside the section.)
+    shown = screen.wait_for(lambda s: "▾ parent › helper — done" in s and nested(s.splitlines(), "twice a day"))
     lines = shown.splitlines()
     order = [in_section(lines, t) for t in ("child: reading the note", "Read starter.md", "hello-from-the-child",
                                             "Edit notes.txt",
