@@ -17,6 +17,10 @@ simplest form, a field's words counted `weight` times):
 The weights were chosen before looking at any query set: a title or a heading names what a
 whole note or section is about, so one of its words says more than one word of prose.
 
+A word is a run of letters and digits, stemmed (English snowball), stop words dropped; words
+joined by "-", "_" or "." ("cap-add", "session_id", "config.toml") are also one term run together
+("capadd"), as a developer remembers an identifier whole (`_TOKEN`).
+
 Each section of a note (the text under one heading) is also a document of its own, carrying
 the note's title, its heading path and the note's description, as it is embedded: a note
 ranks by its best section too (`LexicalIndex.search` averages both rankings), so the words of a
@@ -88,6 +92,15 @@ MAX_SECTION_TERMS = 2 * MAX_NOTE_TERMS
 MAX_SAVED_BYTES = 256 * 1024 * 1024
 
 _WORD = re.compile(r"[^\W_]+")
+# What the text is cut into: words, and words joined by "-", "_" or "." with no space between
+# ("cap-add", "semantic_search", "config.toml", "gpt-4o"), each joined run as one token
+# (possessive: linear in the text). A person who remembers such a compound types it whole, and
+# its parts alone are common words ("cap", "add") that rank every note holding them as high; so
+# a compound is a term of its own besides its parts: its words run together and stemmed, as the
+# same word written solid ("re-indexed" and "reindexed" are both "reindex").
+_TOKEN = re.compile(r"[^\W_]++(?:[-_.][^\W_]++)*")
+_JOINED = re.compile(r"(?<=[^\W_])[-_.](?=[^\W_])")
+MAX_COMPOUND_CHARS = 64  # longer runs (a hash, a path, a hostile line) are their parts alone
 _STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before
     being below between both but by can could did do does doing down during each few for from
@@ -110,9 +123,31 @@ def _stem(word: str) -> str:
         return str(_stemmer.stemWord(word))
 
 
+@lru_cache(maxsize=200_000)
+def _compound_terms(token: str) -> tuple[str, ...]:
+    """The terms of a lower-cased compound token (`_TOKEN`): its words' and its own."""
+    words = _WORD.findall(token)
+    return (*[_stem(w) for w in words if w not in _STOPWORDS], _stem("".join(words)))
+
+
+def _is_compound(token: str) -> bool:
+    """Whether `terms_of(token)` ends with a compound's own term."""
+    return not token.isalnum() and len(token) <= MAX_COMPOUND_CHARS
+
+
+def terms_of(token: str) -> tuple[str, ...]:
+    """The terms of one lower-cased `_TOKEN` token: none for a stop word."""
+    if token.isalnum():  # a word
+        return () if token in _STOPWORDS else (_stem(token),)
+    if len(token) > MAX_COMPOUND_CHARS:
+        return tuple(_stem(w) for w in _WORD.findall(token) if w not in _STOPWORDS)
+    return _compound_terms(token)
+
+
 def tokenize(text: str) -> list[str]:
-    """Lower-cased, stop words dropped, English-stemmed words: the lexical index's terms."""
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    """Lower-cased, stop words dropped, English-stemmed words, and the compounds of words joined
+    by "-", "_" or ".": the lexical index's terms."""
+    return [term for token in _TOKEN.findall(text.lower()) for term in terms_of(token)]
 
 
 # Stems that do not begin with the word's letters but their last (snowball's exceptional forms
@@ -131,14 +166,18 @@ def counts_of(terms: Iterable[str], text: str) -> dict[str, int]:
     wanted = {t for t in terms if t}
     lowered = text.lower()
     if not any(t in _IRREGULAR_STEMS or t[:-1] in lowered for t in wanted):
-        return {}
+        # (a compound's term is its words run together: "to-do" holds "todo")
+        solid = _JOINED.sub("", lowered)
+        if solid == lowered or not any(t[:-1] in solid for t in wanted):
+            return {}
     shortest: dict[str, int] = {}
     for t in wanted:
         shortest[t[0]] = min(len(t), shortest.get(t[0], len(t)))
     counts: dict[str, int] = {}
-    for word, n in Counter(_WORD.findall(lowered)).items():
-        if len(word) >= shortest.get(word[0], 1 << 30) and word not in _STOPWORDS:
-            term = _stem(word)
+    for token, n in Counter(_TOKEN.findall(lowered)).items():
+        if token.isalnum() and len(token) < shortest.get(token[0], 1 << 30):
+            continue
+        for term in terms_of(token):
             if term in wanted:
                 counts[term] = counts.get(term, 0) + n
     return counts
@@ -156,12 +195,11 @@ def term_counts(texts: Iterable[str]) -> tuple[dict[str, int], int]:
     counts: dict[str, int] = {}
     total = 0
     for piece, n in pieces.items():
-        for word in _WORD.findall(piece.lower()):
-            if word in _STOPWORDS:
-                continue
-            term = _stem(word)
-            counts[term] = counts.get(term, 0) + n
-            total += n
+        for token in _TOKEN.findall(piece.lower()):
+            terms = terms_of(token)
+            for term in terms:
+                counts[term] = counts.get(term, 0) + n
+            total += n * (len(terms) - _is_compound(token))
     return counts, total
 
 
@@ -218,19 +256,18 @@ def _link_terms(line: str, links: LinkTerms, budget: int) -> int:
     for m, link in wikilinks(scan):
         if len(spans) == budget:
             break
-        words += _WORD.findall(scan[pos:m.start()].lower())
+        words += _TOKEN.findall(scan[pos:m.start()].lower())
         start = len(words)
-        words += _WORD.findall((link.alias or "").lower())
+        words += _TOKEN.findall((link.alias or "").lower())
         pos = m.end()
         if not link.embed and (key := link_key(link.target)):
             spans.append((key, start, len(words)))
     after = scan.find("[[", pos)  # the words after the last link counted, up to the next one
-    words += _WORD.findall(scan[pos:after if after >= 0 else len(scan)].lower())
+    words += _TOKEN.findall(scan[pos:after if after >= 0 else len(scan)].lower())
     for key, start, end in spans:
         terms = links.setdefault(key, {})
         for word in words[max(0, start - ANCHOR_WORDS):end + ANCHOR_WORDS]:
-            if word not in _STOPWORDS:
-                term = _stem(word)
+            for term in terms_of(word):
                 terms[term] = terms.get(term, 0) + 1
     return len(spans)
 
@@ -302,32 +339,46 @@ def note_fields(text: str, rel: str) -> NoteFields:
     )
 
 
-def _add_terms(counts: dict[str, int], words: dict[str, int]) -> None:
-    """Add counted lower-case words to `counts` as `tokenize`'s terms (each word stemmed once)."""
-    for word, n in words.items():
-        if word not in _STOPWORDS:
-            term = _stem(word)
+def _add_terms(counts: dict[str, int], tokens: dict[str, int]) -> int:
+    """Add counted lower-case tokens to `counts` as `tokenize`'s terms (each stemmed once);
+    returns how many of them were compounds' own terms (not in the text's length)."""
+    compounds = 0
+    for token, n in tokens.items():
+        if token.isalnum():  # a word (most tokens: `terms_of` inlined, the first build is mostly this)
+            if token not in _STOPWORDS:
+                term = _stem(token)
+                counts[term] = counts.get(term, 0) + n
+            continue
+        for term in terms_of(token):
             counts[term] = counts.get(term, 0) + n
+        if _is_compound(token):
+            compounds += n
+    return compounds
 
 
 def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
     """The note's terms (`tokenize`'s) with their counts, each field's counted by its weight,
     and their total. Words are counted before they are stemmed, so each distinct word of the
     note is stemmed once (the first build of a large kiln is mostly this)."""
-    words: Counter[str] = Counter(_WORD.findall(fields.body.lower()))
+    words: Counter[str] = Counter(_TOKEN.findall(fields.body.lower()))
     weighted = [(fields.title, TITLE_WEIGHT), (fields.about, ABOUT_WEIGHT)]
     weighted += [(h, HEADING_WEIGHT) for h in fields.headings if h.strip() != fields.title]
     weighted += [(f, PATH_WEIGHT) for f in fields.folders]
     for text, weight in weighted:
-        for word in _WORD.findall(text.lower()):
+        for word in _TOKEN.findall(text.lower()):
             words[word] += weight
     in_title = set(tokenize(fields.title))
     counts: dict[str, int] = {}
-    for word in _WORD.findall(fields.stem.lower()):  # the file name, unless it is the title
-        if word not in _STOPWORDS and (term := _stem(word)) not in in_title:
-            counts[term] = counts.get(term, 0) + PATH_WEIGHT
-    _add_terms(counts, words)
-    length = sum(counts.values())  # the note's length stays what it is: BM25 weighs by it
+    compounds = 0
+    for token in _TOKEN.findall(fields.stem.lower()):  # the file name, unless it is the title
+        terms = terms_of(token)
+        for i, term in enumerate(terms):
+            if term not in in_title:
+                counts[term] = counts.get(term, 0) + PATH_WEIGHT
+                compounds += PATH_WEIGHT if i == len(terms) - 1 and _is_compound(token) else 0
+    compounds += _add_terms(counts, words)
+    # the note's length stays what it is (BM25 weighs by it): a compound adds no words
+    length = sum(counts.values()) - compounds
     if len(counts) > MAX_NOTE_TERMS:
         counts = dict(heapq.nlargest(MAX_NOTE_TERMS, counts.items(), key=lambda item: item[1]))
     return counts, length
@@ -340,7 +391,8 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
     (chunking). Words of a query that sit together in one section score higher there than the
     same words spread over a note. At most MAX_SECTIONS sections and MAX_SECTION_TERMS terms."""
     title = fields.title
-    prefix, _ = term_counts([title, fields.about[:CONTEXT_CHARS]])
+    prefix, prefix_length = term_counts([title, fields.about[:CONTEXT_CHARS]])
+    prefix_compounds = sum(prefix.values()) - prefix_length
     out: list[tuple[dict[str, int], int]] = []
     budget = MAX_SECTION_TERMS
     for path, lines in fields.sections:
@@ -351,11 +403,11 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
         # one pass of the regex over the whole section (sections are short: faster than
         # term_counts' split into pieces)
         counts = dict(prefix)
-        _add_terms(counts, Counter(_WORD.findall("\n".join((*path, *lines)).lower())))
+        compounds = prefix_compounds + _add_terms(counts, Counter(_TOKEN.findall("\n".join((*path, *lines)).lower())))
         budget -= len(counts)
         if budget < 0 or len(out) == MAX_SECTIONS:
             break
-        out.append((counts, sum(counts.values())))
+        out.append((counts, sum(counts.values()) - compounds))
     return out
 
 
@@ -610,7 +662,7 @@ class LexicalIndex:
     the words of the links to it) and of their sections (`sections`, a note scoring as its best
     section), averaged by `search`."""
 
-    FORMAT = 6  # 5: the words around the links to a note count as its own; 6: sections
+    FORMAT = 7  # 5: the words around the links to a note count as its own; 6: sections; 7: compounds
 
     def __init__(self, *, words: bool = True) -> None:
         # False: the notes' titles and stamps alone, for a process that never searches them

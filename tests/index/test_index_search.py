@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -374,17 +374,22 @@ def test_field_counts_are_each_fields_terms_times_its_weight(
     title: str, headings: list[str], folders: list[str], stem: str, about: str, body: str
 ) -> None:
     """field_counts counts words before stemming them (for speed): the same counts as
-    tokenizing each field and repeating its terms by the field's weight."""
+    tokenizing each field and repeating its terms by the field's weight; the note's length is
+    its words' (a compound's own term, "12.04"'s "1204", adds none)."""
     fields = NoteFields(title=title, headings=headings, folders=folders, stem=stem, about=about, body=body)
     in_title = set(tokenize(title))
-    expected = Counter(
-        tokenize(title) * lexical.TITLE_WEIGHT
-        + [t for h in headings if h.strip() != title for t in tokenize(h)] * lexical.HEADING_WEIGHT
-        + [t for f in folders for t in tokenize(f)] * lexical.PATH_WEIGHT
-        + [t for t in tokenize(stem) if t not in in_title] * lexical.PATH_WEIGHT
-        + tokenize(about) * lexical.ABOUT_WEIGHT + tokenize(body))
+
+    def weighted(tokens: Callable[[str], list[str]]) -> Counter[str]:
+        return Counter(
+            tokens(title) * lexical.TITLE_WEIGHT
+            + [t for h in headings if h.strip() != title for t in tokens(h)] * lexical.HEADING_WEIGHT
+            + [t for f in folders for t in tokens(f)] * lexical.PATH_WEIGHT
+            + [t for t in tokens(stem) if t not in in_title] * lexical.PATH_WEIGHT
+            + tokens(about) * lexical.ABOUT_WEIGHT + tokens(body))
+
     counts, total = field_counts(fields)
-    assert counts == dict(expected) and total == sum(expected.values())
+    assert counts == dict(weighted(tokenize))
+    assert total == sum(weighted(lambda text: tokenize(" ".join(lexical._WORD.findall(text)))).values())
 
 
 _TERMS = st.sampled_from(["garden", "bed", "water", "compost", "seed", "frost", "lantern", "x"])
@@ -678,6 +683,58 @@ def test_a_word_only_one_note_has_brings_that_note_first(tmp_path: Path, fixture
         ix.close()
 
 
+def test_a_compound_a_person_remembers_whole_brings_its_note_first(tmp_path: Path) -> None:
+    """Identifiers and hyphenated words are what a developer remembers of a note: `--cap-add`,
+    `config.toml`, `session_id`. Their parts are common words that other notes hold more often
+    ("add a cap", "the config ... in toml"); the note holding the compound whole comes first,
+    found the same when written solid or with another joiner ("re-index" finds "reindexed")."""
+    root = tmp_path / "kiln"
+    root.mkdir()
+    notes = {
+        "Docker.md": "# Running the VPN container\n\nStart it with --cap-add NET_ADMIN, so the tunnel can "
+                     "set its routes, and mount the secrets read-only.\n",
+        "Hats.md": "# Hats\n\nAdd a cap to the outfit. A flat cap, a baseball cap: add one, add two, the cap "
+                   "is the thing to add when it rains. Add a scarf too.\n",
+        "Bottles.md": "# Bottling\n\nAdd the sugar, add the yeast, cap each bottle; the cap must be tight. "
+                      "Add a label after you cap it.\n",
+        "Settings.md": "# Where settings live\n\nEverything is in config.toml beside the kiln.\n",
+        "Formats.md": "# Formats\n\nThe config format is toml: a config in toml, toml for every config, and "
+                      "a config.json is refused. Config, config, toml.\n",
+        "Search.md": "# Keeping search current\n\nThe watcher reindexed every note that changed.\n",
+        "Catalogue.md": "# Catalogue\n\nA catalogue of notes, with an index at the back, re-read when the "
+                        "notes change.\n",
+    }
+    for name, text in notes.items():
+        (root / name).write_text(text, encoding="utf-8")
+    lex = LexicalIndex()
+    lex.refresh(root)
+    assert "capadd" in tokenize("--cap-add") and "configtoml" in tokenize("config.toml")
+    assert "reindex" in tokenize("re-index") and "reindex" in tokenize("reindexed")
+    for query, note in [("cap-add", "Docker.md"), ("cap_add flag", "Docker.md"), ("config.toml", "Settings.md")]:
+        assert [p for p, _ in lex.search(query, 3)][0] == note, query
+    # ("re" and "index" alone are not in it: only the compound finds it)
+    assert "Search.md" in [p for p, _ in lex.search("re-index", 5)]
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        assert [r.path for r in hybrid_search(ix, "config.toml", 3)][0] == "Settings.md"
+        # The model reads "cap-add" as hats (Docker.md is not in its first four): fused, the note
+        # first by words comes at least second, where it was nowhere before.
+        docker = [r for r in hybrid_search(ix, "cap-add", 2) if r.path == "Docker.md"]
+        assert docker and "--cap-add" in docker[0].snippet
+    finally:
+        ix.close()
+
+
+def test_an_endless_compound_is_its_words_alone() -> None:
+    """A hostile run of joined words (a megabyte of "a-b-a-b…") is counted as its words: no
+    term of a megabyte, and the tokenizer's pattern is linear (possessive)."""
+    run = "-".join(["alpha", "beta"] * 100_000)
+    counts, length = lexical.term_counts([run])
+    assert counts == {"alpha": 100_000, "beta": 100_000} and length == 200_000
+    assert set(tokenize(run + " x-y")) == {"alpha", "beta", "x", "y", "xy"}  # the short one beside it is one
+
+
 def test_the_meaning_weight_follows_the_embedders_best_similarity() -> None:
     assert search_module.meaning_weight(0.9, 0.6) == search_module.FUSION_ALPHA
     assert search_module.meaning_weight(0.3, 0.6) == pytest.approx(search_module.FUSION_ALPHA / 2)
@@ -688,7 +745,8 @@ def test_the_meaning_weight_follows_the_embedders_best_similarity() -> None:
 _TRICKY = ["dying", "lying", "tying", "die", "lie", "tie", "skies", "sky", "possibility", "possible", "happy",
            "happiness", "generously", "news", "early", "only", "ugly", "idly", "gently", "singly", "running",
            "ran", "relational", "organization", "sensitivity", "Ärger", "straße", "ﬁle", "12", "04", "12.04",
-           "the", "and", "a", "I", "y", "yes", "kiln", "kilns", "notes", "noted", "noting", "x_y"]
+           "the", "and", "a", "I", "y", "yes", "kiln", "kilns", "notes", "noted", "noting", "x_y",
+           "cap-add", "to-do", "todo", "how-to", "re-index", "reindexed", "config.toml", "a-b_c.d", "-x-", "e.g."]
 
 
 @settings(max_examples=300, deadline=None)
