@@ -791,6 +791,10 @@ class KilnIndex:
         with self._lex_lock:
             return self.lexical().idf(terms)
 
+    def literal_share(self, query: str) -> float:
+        with self._lex_lock:
+            return self.lexical().literal_share(query)
+
     def note_title(self, path: str) -> str | None:
         with self._lex_lock:
             return self.lexical().titles.get(path)

@@ -600,6 +600,11 @@ class Bm25:
         n = len(self._number)
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
+    def holds(self, term: str) -> bool:
+        """Whether a document holds `term`."""
+        t = self._term.get(term)
+        return (t is not None and self._df(t) > 0) or any(term in c for c in self._unposted.values())
+
     def idf(self, term: str) -> float:
         t = self._term.get(term)
         posted = 0 if t is None else self._df(t)
@@ -807,6 +812,18 @@ class LexicalIndex:
 
     def idf(self, terms: Iterable[str]) -> dict[str, float]:
         return {t: self.bm25.idf(t) for t in terms}
+
+    def literal_share(self, query: str) -> float:
+        """The share of the query's words that sit in a compound some note holds whole
+        ("cap-add" of "cap-add empty": 2 of 3): what an embedder cannot read (it splits an
+        identifier into its common words, and "cap-add" means hats to it), for `search` to
+        leave to the words."""
+        tokens = _TOKEN.findall(query.lower())
+        words = {token: sum(1 for w in _WORD.findall(token) if w not in _STOPWORDS) for token in tokens}
+        total = sum(words.values())
+        held = sum(n for token, n in words.items()
+                   if _is_compound(token) and self.bm25.holds(terms_of(token)[-1]))
+        return held / total if total else 0.0
 
     def refresh(self, root: Path, paths: Iterable[str] | None = None, *, deferred: bool = False) -> list[str]:
         """Re-read the notes whose file changed since they were read (all of the kiln's, or
