@@ -75,9 +75,11 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             lines.extend(["", name, ""])
         section = name
 
+    said = False  # a message drawn yet
     for record, key in zip(records, keys, strict=True):
         kind = record.get("type")
         text = str(record.get("text", ""))
+        said = said or kind in ("user_message", "history_user_message", "agent_message")
         if kind not in ("user_message", "history_user_message", "agent_message", "agent_thought"):
             section = None  # the next message gets its heading again
         if kind in ("user_message", "history_user_message"):
@@ -109,7 +111,7 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             reason = str(record["stop_reason"])
             lines.extend(["", "*the turn was cancelled*" if reason == "cancelled"
                           else f"*the turn ended with stopReason {reason}*"])
-        elif kind == "resumed":
+        elif kind == "resumed" and said:  # (a session of no turn resumed: nothing to go on from)
             lines.extend(["", f"*── resumed with {record.get('agent', '')} ──*"])
         elif kind == "plan":
             entries = record.get("entries") or []

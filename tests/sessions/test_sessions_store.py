@@ -52,6 +52,27 @@ def test_cru_session_commands(cru_bin: str, clean_env: dict[str, str], tmp_path:
     assert res.returncode == 1 and "no saved session 'nope'" in res.stderr and "cru session list" in res.stderr
 
 
+def test_show_marks_a_resume_only_after_something_was_said(
+        cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    """An editor's client (acpx) creates a session in one `cru acp` and prompts from the next,
+    which resumes it: the conversation begins with a resume of nothing, which `cru session show`
+    does not draw; a resume after a turn it does."""
+    store = SessionStore(Path(clean_env["XDG_DATA_HOME"]) / "crucible" / "sessions")
+    store.create(SessionMeta(id="20261203-090000-aaaaaa", agent="claude", created=1, updated=1, cwd="/p")).close()
+    for n, agent in enumerate(["claude", "gemini"]):
+        writer, in_place = store.continue_conversation("aaaaaa", SessionMeta(
+            id=f"20261203-09000{n + 1}-bbbbbb", agent=agent, created=2 + n, updated=2 + n, cwd="/p"))
+        assert in_place
+        writer.append({"type": "user_message", "text": f"question {n}"})
+        writer.append({"type": "agent_message", "text": f"answer {n}"})
+        writer.append({"type": "turn_end", "stop_reason": "end_turn"})
+        writer.close()
+    out = subprocess.run([cru_bin, "session", "show", "aaaaaa"], env=clean_env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.count("resumed with") == 1, out
+    assert out.index("answer 0") < out.index("resumed with gemini") < out.index("question 1"), out
+
+
 def test_a_conversation_open_elsewhere_goes_on_in_a_chained_entry_listed_as_one(tmp_path: Path) -> None:
     store = SessionStore(tmp_path)
     first = store.create(SessionMeta(id="20261203-090000-aaaaaa", agent="claude", created=1, updated=1, cwd="/p"))
