@@ -340,7 +340,8 @@ class SessionStore:
         current.cwd, current.kiln, current.card = meta.cwd, meta.kiln, meta.card
         writer = SessionWriter(folder, current, own_up_to=self._own)
         writer.lock = lock
-        writer.append({"type": "resumed", "agent": meta.agent})
+        if current.turns or current.title:  # else nothing was said (a client's `sessions new`): nothing to mark
+            writer.append({"type": "resumed", "agent": meta.agent})
         return writer, True
 
     def list(self) -> list[SessionMeta]:

@@ -70,6 +70,9 @@ def test_show_marks_a_resume_only_after_something_was_said(
     out = subprocess.run([cru_bin, "session", "show", "aaaaaa"], env=clean_env, capture_output=True, text=True,
                          check=True).stdout
     assert out.count("resumed with") == 1, out
+    assert [r["type"] for r in store.events("aaaaaa")][:2] == ["user_message", "agent_message"]  # saved so too
+    transcript = (store.root / "20261203-090000-aaaaaa" / "transcript.md").read_text()
+    assert transcript.count("resumed with") == 1 and transcript.index("answer 0") < transcript.index("resumed with")
     assert out.index("answer 0") < out.index("resumed with gemini") < out.index("question 1"), out
 
 
