@@ -641,13 +641,17 @@ class KilnIndex:
         # Said before the first embedding, which can take long (a slow embedder, a rebuild's
         # first group): the others show how far this is from the start.
         publish(force=True)
+        # Nothing stored yet (a first build, a rebuild): no vectors to look up for reuse. Chroma
+        # also failed a read ("Error creating hnsw segment reader: Nothing found on disk") made
+        # while this build's first write created the vector segment (seen once in CI).
+        stored = self.chroma.count_chunks() > 0
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-index") as pool:
-            preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report)
+            preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report, stored)
             writing: Future[None] | None = None
             for k in range(len(groups)):
                 pending = preparing.result()
                 if k + 1 < len(groups):
-                    preparing = pool.submit(self._prepare, groups[k + 1], report)
+                    preparing = pool.submit(self._prepare, groups[k + 1], report, stored)
                 work = [(p, i) for p in pending for i, v in enumerate(p.vectors) if v is None]
                 chunks_known += len(work)
                 notes_known += len(groups[k])
@@ -680,9 +684,10 @@ class KilnIndex:
             notes_known = len(todo)
         show(None)
 
-    def _prepare(self, group: list[_Todo], report: IndexReport) -> list[_Pending]:
+    def _prepare(self, group: list[_Todo], report: IndexReport, stored: bool = True) -> list[_Pending]:
         """Read and chunk the group's notes, and find the vectors stored for unchanged chunks
-        (also of notes not in the manifest: an interrupted update left their chunk rows)."""
+        (also of notes not in the manifest: an interrupted update left their chunk rows), if
+        anything is `stored`."""
         pending: list[_Pending] = []
         gone: list[str] = []
         for t in group:
@@ -707,9 +712,9 @@ class KilnIndex:
         if gone:
             self._remove(gone)
             report.notes_removed += len(gone)
-        stored = self.chroma.stored_vectors([p.note.path for p in pending])
+        found = self.chroma.stored_vectors([p.note.path for p in pending]) if stored else {}
         for p in pending:
-            ids, vectors = stored.get(p.note.path, (set(), {}))
+            ids, vectors = found.get(p.note.path, (set(), {}))
             p.old_ids = set(ids)
             p.vectors = [vectors.get(h) for h in p.hashes]
         return pending
