@@ -59,6 +59,23 @@ def test_full_then_nothing_to_do(tiny_kiln: Path, opened: list[KilnIndex]) -> No
     assert paths(semantic_search(ix, "cooking noodles in boiling water", 3))[0] == "Cooking/Pasta.md"
 
 
+def test_a_first_build_looks_up_no_stored_vectors_and_a_later_one_does(
+    tiny_kiln: Path, opened: list[KilnIndex], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing stored there is nothing to reuse: the first build does not ask Chroma for
+    stored vectors (such a read, made while the build's first write created the vector
+    segment, once failed in CI: "Nothing found on disk"); an update after it does, and reuses."""
+    ix = open_index(tiny_kiln, opened)
+    asked: list[list[str]] = []
+    real = ix.chroma.stored_vectors
+    monkeypatch.setattr(ix.chroma, "stored_vectors", lambda paths: asked.append(list(paths)) or real(paths))
+    assert ix.update().chunks_embedded == 5 and asked == []
+    note = tiny_kiln / "Cooking/Pasta.md"
+    note.write_text(note.read_text().replace("parsley", "basil leaves"))
+    report = ix.update()
+    assert asked == [["Cooking/Pasta.md"]] and (report.chunks_embedded, report.chunks_reused) == (1, 2)
+
+
 def test_change_one_section_reembeds_only_that_chunk(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
     ix = open_index(tiny_kiln, opened)
     ix.update()
