@@ -282,6 +282,12 @@ class Conversation:
         return next((m.title for m in self.entries if m.title), "")
 
     @property
+    def said(self) -> bool:
+        """Something was said in it: a turn, or a first prompt (its title is saved at once, so
+        a first turn killed midway counts). A client's `sessions new` alone says nothing."""
+        return bool(self.turns or self.title)
+
+    @property
     def agent(self) -> str:
         return self.latest.agent
 
@@ -329,7 +335,8 @@ class SessionStore:
         """A writer that goes on with the conversation `ref`: its own entry, updated with what
         `meta` says of the new run (agent, card, kiln, cwd), with a `resumed` record; or, when
         that entry is open in another process, a new entry chained to it (then False)."""
-        first = self.conversation(ref).entries[0]
+        conv = self.conversation(ref)
+        first = conv.entries[0]
         folder = self.root / first.id
         lock = _try_lock(folder)
         if lock is None:
@@ -340,7 +347,7 @@ class SessionStore:
         current.cwd, current.kiln, current.card = meta.cwd, meta.kiln, meta.card
         writer = SessionWriter(folder, current, own_up_to=self._own)
         writer.lock = lock
-        if current.turns or current.title:  # else nothing was said (a client's `sessions new`): nothing to mark
+        if conv.said:  # else nothing to go on from: nothing to mark
             writer.append({"type": "resumed", "agent": meta.agent})
         return writer, True
 

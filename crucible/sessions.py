@@ -904,7 +904,7 @@ def _has_history(session: CrucibleSession) -> bool:
     """The saved conversation a resumed session goes on from holds something said."""
     store, ref = session.opts.store, session.opts.resume
     try:
-        return bool(store is not None and ref and store.history_as_context(ref, max_chars=1))
+        return bool(store is not None and ref and store.conversation(ref).said)
     except (CrucibleError, OSError):
         return True  # unreadable: say what happened
 
