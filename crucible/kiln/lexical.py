@@ -19,7 +19,10 @@ whole note or section is about, so one of its words says more than one word of p
 
 A word is a run of letters and digits, stemmed (English snowball), stop words dropped; words
 joined by "-", "_" or "." ("cap-add", "session_id", "config.toml") are also one term run together
-("capadd"), as a developer remembers an identifier whole (`_TOKEN`).
+("capadd"), as a developer remembers an identifier whole (`_TOKEN`); a camelCase or PascalCase
+name ("sessionId", "HTTPServer") has the terms of the same name written with "_" (`_fold`), and
+is one word of its note's length; typed whole in a query, it is its whole term alone when a
+note holds it (`LexicalIndex.query_terms`).
 
 Each section of a note (the text under one heading) is also a document of its own, carrying
 the note's title, its heading path and the note's description, as it is embedded: a note
@@ -101,6 +104,12 @@ _WORD = re.compile(r"[^\W_]+")
 _TOKEN = re.compile(r"[^\W_]++(?:[-_.][^\W_]++)*")
 _JOINED = re.compile(r"(?<=[^\W_])[-_.](?=[^\W_])")
 MAX_COMPOUND_CHARS = 64  # longer runs (a hash, a path, a hostile line) are their parts alone
+# Where a camelCase or PascalCase name changes words: after a lower-case letter before a capital
+# ("session|Id"), and after an acronym before a word ("HTTP|Server"); never one letter off
+# ("iOS", "eBay", "IPv4", "OAuth" stay whole).
+_CAMEL = re.compile(r"(?<=[A-Za-z])[a-z](?=[A-Z])|(?<=[A-Z])[A-Z](?=[A-Z][a-z])")
+_CAMEL_MARK = "\x1f"  # where `_fold` cut a camelCase word (no token holds it: not a word character)
+_JOINER = re.compile(r"[-_.]")
 _STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before
     being below between both but by can could did do does doing down during each few for from
@@ -124,19 +133,46 @@ def _stem(word: str) -> str:
 
 
 @lru_cache(maxsize=200_000)
+def _fold(token: str) -> str:
+    """A `_TOKEN` token lower-cased, the words of a camelCase or PascalCase name cut apart
+    ("sessionId" has the terms of "session_id", "HTTPServer" those of "http_server"): a developer
+    who writes `mcpServers` in one note and "mcp servers" or `mcp_servers` in another means one
+    thing, and one searching for either should find both."""
+    lowered = token.lower()
+    if lowered == token or token[1:].islower() or token.isupper():  # most: "word", "Word", "API"
+        return lowered
+    return _CAMEL.sub("\\g<0>" + _CAMEL_MARK, token).lower()
+
+
+@lru_cache(maxsize=200_000)
 def _compound_terms(token: str) -> tuple[str, ...]:
-    """The terms of a lower-cased compound token (`_TOKEN`): its words' and its own."""
+    """The terms of a `_fold`ed compound token: its words', then, when it joins camelCase words
+    by "-", "_" or "." (`statusBar.activeSessionId`), each such word's own, then its own."""
     words = _WORD.findall(token)
-    return (*[_stem(w) for w in words if w not in _STOPWORDS], _stem("".join(words)))
+    terms = [_stem(w) for w in words if w not in _STOPWORDS]
+    if _CAMEL_MARK in token and _JOINER.search(token):
+        terms += [_stem(part.replace(_CAMEL_MARK, "")) for part in _JOINER.split(token) if _CAMEL_MARK in part]
+    terms.append(_stem("".join(words)))
+    return tuple(terms)
 
 
-def _is_compound(token: str) -> bool:
-    """Whether `terms_of(token)` ends with a compound's own term."""
-    return not token.isalnum() and len(token) <= MAX_COMPOUND_CHARS
+@lru_cache(maxsize=200_000)
+def _word_terms(token: str) -> tuple[str, ...]:
+    """The terms of a `_fold`ed token that are its words as written, which a text's length
+    counts (BM25 weighs by it): not a compound's own term, nor a camelCase name's parts (the
+    name is one word): "OpenRouter" written thirteen times must not make its note longer."""
+    if token.isalnum() or len(token) > MAX_COMPOUND_CHARS:
+        return terms_of(token)
+    return tuple(_stem(w) for w in _WORD.findall(token.replace(_CAMEL_MARK, "")) if w not in _STOPWORDS)
+
+
+def _own_terms(token: str) -> int:
+    """How many of `terms_of(token)`'s terms are not its words as written (`_word_terms`)."""
+    return len(terms_of(token)) - len(_word_terms(token))
 
 
 def terms_of(token: str) -> tuple[str, ...]:
-    """The terms of one lower-cased `_TOKEN` token: none for a stop word."""
+    """The terms of one `_fold`ed `_TOKEN` token: none for a stop word."""
     if token.isalnum():  # a word
         return () if token in _STOPWORDS else (_stem(token),)
     if len(token) > MAX_COMPOUND_CHARS:
@@ -146,8 +182,8 @@ def terms_of(token: str) -> tuple[str, ...]:
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased, stop words dropped, English-stemmed words, and the compounds of words joined
-    by "-", "_" or ".": the lexical index's terms."""
-    return [term for token in _TOKEN.findall(text.lower()) for term in terms_of(token)]
+    by "-", "_" or "." or written in camelCase: the lexical index's terms."""
+    return [term for token in _TOKEN.findall(text) for term in terms_of(_fold(token))]
 
 
 # Stems that do not begin with the word's letters but their last (snowball's exceptional forms
@@ -165,7 +201,8 @@ def counts_of(terms: Iterable[str], text: str) -> dict[str, int]:
     all their words the first time each is seen was up to half of a first search."""
     wanted = {t for t in terms if t}
     lowered = text.lower()
-    if not any(t in _IRREGULAR_STEMS or t[:-1] in lowered for t in wanted):
+    # (a letter lower-cased to two, "İ" to "i̇", can join a token's words into a term: no shortcut)
+    if len(lowered) == len(text) and not any(t in _IRREGULAR_STEMS or t[:-1] in lowered for t in wanted):
         # (a compound's term is its words run together: "to-do" holds "todo")
         solid = _JOINED.sub("", lowered)
         if solid == lowered or not any(t[:-1] in solid for t in wanted):
@@ -174,7 +211,10 @@ def counts_of(terms: Iterable[str], text: str) -> dict[str, int]:
     for t in wanted:
         shortest[t[0]] = min(len(t), shortest.get(t[0], len(t)))
     counts: dict[str, int] = {}
-    for token, n in Counter(_TOKEN.findall(lowered)).items():
+    counted: Counter[str] = Counter()
+    for token, n in Counter(_TOKEN.findall(text)).items():
+        counted[_fold(token)] += n
+    for token, n in counted.items():
         if token.isalnum() and len(token) < shortest.get(token[0], 1 << 30):
             continue
         for term in terms_of(token):
@@ -195,11 +235,11 @@ def term_counts(texts: Iterable[str]) -> tuple[dict[str, int], int]:
     counts: dict[str, int] = {}
     total = 0
     for piece, n in pieces.items():
-        for token in _TOKEN.findall(piece.lower()):
+        for token in map(_fold, _TOKEN.findall(piece)):
             terms = terms_of(token)
             for term in terms:
                 counts[term] = counts.get(term, 0) + n
-            total += n * (len(terms) - _is_compound(token))
+            total += n * (len(terms) - _own_terms(token))
     return counts, total
 
 
@@ -256,14 +296,14 @@ def _link_terms(line: str, links: LinkTerms, budget: int) -> int:
     for m, link in wikilinks(scan):
         if len(spans) == budget:
             break
-        words += _TOKEN.findall(scan[pos:m.start()].lower())
+        words += map(_fold, _TOKEN.findall(scan[pos:m.start()]))
         start = len(words)
-        words += _TOKEN.findall((link.alias or "").lower())
+        words += map(_fold, _TOKEN.findall(link.alias or ""))
         pos = m.end()
         if not link.embed and (key := link_key(link.target)):
             spans.append((key, start, len(words)))
     after = scan.find("[[", pos)  # the words after the last link counted, up to the next one
-    words += _TOKEN.findall(scan[pos:after if after >= 0 else len(scan)].lower())
+    words += map(_fold, _TOKEN.findall(scan[pos:after if after >= 0 else len(scan)]))
     for key, start, end in spans:
         terms = links.setdefault(key, {})
         for word in words[max(0, start - ANCHOR_WORDS):end + ANCHOR_WORDS]:
@@ -340,10 +380,11 @@ def note_fields(text: str, rel: str) -> NoteFields:
 
 
 def _add_terms(counts: dict[str, int], tokens: dict[str, int]) -> int:
-    """Add counted lower-case tokens to `counts` as `tokenize`'s terms (each stemmed once);
-    returns how many of them were compounds' own terms (not in the text's length)."""
+    """Add counted `_TOKEN` tokens, as written, to `counts` as `tokenize`'s terms (each stemmed
+    once); returns how many of them were compounds' own terms (not in the text's length)."""
     compounds = 0
-    for token, n in tokens.items():
+    for written, n in tokens.items():
+        token = written if written.islower() else _fold(written)  # (most tokens: no capital)
         if token.isalnum():  # a word (most tokens: `terms_of` inlined, the first build is mostly this)
             if token not in _STOPWORDS:
                 term = _stem(token)
@@ -351,8 +392,7 @@ def _add_terms(counts: dict[str, int], tokens: dict[str, int]) -> int:
             continue
         for term in terms_of(token):
             counts[term] = counts.get(term, 0) + n
-        if _is_compound(token):
-            compounds += n
+        compounds += n * _own_terms(token)
     return compounds
 
 
@@ -360,22 +400,21 @@ def field_counts(fields: NoteFields) -> tuple[dict[str, int], int]:
     """The note's terms (`tokenize`'s) with their counts, each field's counted by its weight,
     and their total. Words are counted before they are stemmed, so each distinct word of the
     note is stemmed once (the first build of a large kiln is mostly this)."""
-    words: Counter[str] = Counter(_TOKEN.findall(fields.body.lower()))
+    words: Counter[str] = Counter(_TOKEN.findall(fields.body))
     weighted = [(fields.title, TITLE_WEIGHT), (fields.about, ABOUT_WEIGHT)]
     weighted += [(h, HEADING_WEIGHT) for h in fields.headings if h.strip() != fields.title]
     weighted += [(f, PATH_WEIGHT) for f in fields.folders]
     for text, weight in weighted:
-        for word in _TOKEN.findall(text.lower()):
+        for word in _TOKEN.findall(text):
             words[word] += weight
     in_title = set(tokenize(fields.title))
     counts: dict[str, int] = {}
     compounds = 0
-    for token in _TOKEN.findall(fields.stem.lower()):  # the file name, unless it is the title
-        terms = terms_of(token)
-        for i, term in enumerate(terms):
-            if term not in in_title:
-                counts[term] = counts.get(term, 0) + PATH_WEIGHT
-                compounds += PATH_WEIGHT if i == len(terms) - 1 and _is_compound(token) else 0
+    for token in map(_fold, _TOKEN.findall(fields.stem)):  # the file name, unless it is the title
+        kept = [term for term in terms_of(token) if term not in in_title]
+        for term in kept:
+            counts[term] = counts.get(term, 0) + PATH_WEIGHT
+        compounds += PATH_WEIGHT * (len(kept) - sum(1 for term in _word_terms(token) if term not in in_title))
     compounds += _add_terms(counts, words)
     # the note's length stays what it is (BM25 weighs by it): a compound adds no words
     length = sum(counts.values()) - compounds
@@ -403,7 +442,7 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
         # one pass of the regex over the whole section (sections are short: faster than
         # term_counts' split into pieces)
         counts = dict(prefix)
-        compounds = prefix_compounds + _add_terms(counts, Counter(_TOKEN.findall("\n".join((*path, *lines)).lower())))
+        compounds = prefix_compounds + _add_terms(counts, Counter(_TOKEN.findall("\n".join((*path, *lines)))))
         budget -= len(counts)
         if budget < 0 or len(out) == MAX_SECTIONS:
             break
@@ -667,7 +706,9 @@ class LexicalIndex:
     the words of the links to it) and of their sections (`sections`, a note scoring as its best
     section), averaged by `search`."""
 
-    FORMAT = 7  # 5: the words around the links to a note count as its own; 6: sections; 7: compounds
+    # 5: the words around the links to a note count as its own; 6: sections; 7: compounds;
+    # 8: camelCase names
+    FORMAT = 8
 
     def __init__(self, *, words: bool = True) -> None:
         # False: the notes' titles and stamps alone, for a process that never searches them
@@ -794,7 +835,7 @@ class LexicalIndex:
         notes count the words of titles, headings, paths and links; sections reward a query's
         words found together (bench/search.py: recall@5 / MRR@10 on the hard set, notes alone
         0.88 / 0.68, this 0.94 / 0.81)."""
-        terms = tokenize(query)
+        terms = self.query_terms(query)
         notes = min_max(self.bm25.search(terms, limit))
         sections = min_max(self.section_ranking(terms, limit))
         mean = {p: (notes.get(p, 0.0) + sections.get(p, 0.0)) / 2 for p in notes.keys() | sections.keys()}
@@ -813,16 +854,29 @@ class LexicalIndex:
     def idf(self, terms: Iterable[str]) -> dict[str, float]:
         return {t: self.bm25.idf(t) for t in terms}
 
+    def query_terms(self, query: str) -> list[str]:
+        """`tokenize(query)`, but a camelCase name typed whole that some note holds whole
+        (`GraduationState`) is that term alone: the person remembers the exact name, and its
+        parts ("state") match every note about them, ranking a long note that holds the name once
+        below them all. A name no note holds is its words, to find what holds them. (Words joined
+        by "-" keep their parts: "one-off", "built-in" are prose whose words help.)"""
+        terms: list[str] = []
+        for token in map(_fold, _TOKEN.findall(query)):
+            parts = terms_of(token)
+            name = _CAMEL_MARK in token and not _JOINER.search(token) and len(token) <= MAX_COMPOUND_CHARS
+            terms += parts[-1:] if name and self.bm25.holds(parts[-1]) else parts
+        return terms
+
     def literal_share(self, query: str) -> float:
         """The share of the query's words that sit in a compound some note holds whole
         ("cap-add" of "cap-add empty": 2 of 3): what an embedder cannot read (it splits an
         identifier into its common words, and "cap-add" means hats to it), for `search` to
         leave to the words."""
-        tokens = _TOKEN.findall(query.lower())
+        tokens = [_fold(token) for token in _TOKEN.findall(query)]
         words = {token: sum(1 for w in _WORD.findall(token) if w not in _STOPWORDS) for token in tokens}
         total = sum(words.values())
         held = sum(n for token, n in words.items()
-                   if _is_compound(token) and self.bm25.holds(terms_of(token)[-1]))
+                   if _own_terms(token) and self.bm25.holds(terms_of(token)[-1]))
         return held / total if total else 0.0
 
     def refresh(self, root: Path, paths: Iterable[str] | None = None, *, deferred: bool = False) -> list[str]:

@@ -363,7 +363,8 @@ def test_a_note_of_thousands_of_sections_keeps_the_first_and_is_found_by_all_its
 
 
 _WORDS = st.sampled_from(["Garden", "beds", "the", "a", "Watering", "watered", "café", "naïve", "12.04",
-                          "x_y", "don't", "IS", "notes", "note", "—", "!", "compost"])
+                          "x_y", "don't", "IS", "notes", "note", "—", "!", "compost", "sessionId", "HTTPServer",
+                          "gardenBeds.wateredNotes", "iOS", "IPv4"])
 _TEXT = st.lists(_WORDS, max_size=12).map(" ".join)
 
 
@@ -375,7 +376,7 @@ def test_field_counts_are_each_fields_terms_times_its_weight(
 ) -> None:
     """field_counts counts words before stemming them (for speed): the same counts as
     tokenizing each field and repeating its terms by the field's weight; the note's length is
-    its words' (a compound's own term, "12.04"'s "1204", adds none)."""
+    its words' (a compound's own term, "12.04"'s "1204", adds none; a camelCase name is one word)."""
     fields = NoteFields(title=title, headings=headings, folders=folders, stem=stem, about=about, body=body)
     in_title = set(tokenize(title))
 
@@ -389,7 +390,8 @@ def test_field_counts_are_each_fields_terms_times_its_weight(
 
     counts, total = field_counts(fields)
     assert counts == dict(weighted(tokenize))
-    assert total == sum(weighted(lambda text: tokenize(" ".join(lexical._WORD.findall(text)))).values())
+    # each word as written is one (a word's term; a camelCase name's whole, its last)
+    assert total == sum(weighted(lambda text: [t for w in lexical._WORD.findall(text) for t in tokenize(w)[-1:]]).values())
 
 
 _TERMS = st.sampled_from(["garden", "bed", "water", "compost", "seed", "frost", "lantern", "x"])
@@ -730,6 +732,47 @@ def test_a_compound_a_person_remembers_whole_brings_its_note_first(tmp_path: Pat
         ix.close()
 
 
+def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> None:
+    """A developer writes `mcpServers` in a config note and later asks for "mcp servers", or
+    writes `sessionId` and asks for "session id" or `session_id`: the note holding the name is
+    found by its words, and the name typed whole still finds it first. An acronym and a name of
+    one letter and a word ("iOS", "IPv4") stay whole."""
+    root = tmp_path / "kiln"
+    root.mkdir()
+    notes = {
+        "Bridge.md": "# Wiring the bridge\n\nAdd an entry under `mcpServers` for each tool, with its command.\n",
+        "Tools.md": "# Tools\n\nEach tool has a command and an entry; the command runs the tool.\n",
+        "Store.md": "# The status bar\n\nIt reads `statusBarStore.activeSessionId` and shows it.\n",
+        "Sessions.md": "# Sessions\n\nA session is shown in the bar while it is active.\n",
+        "Phones.md": "# Phones\n\nThe app runs on iOS and speaks IPv4 only.\n",
+    }
+    for name, text in notes.items():
+        (root / name).write_text(text, encoding="utf-8")
+    assert tokenize("sessionId") == tokenize("session_id") == ["session", "id", "sessionid"]
+    assert tokenize("HTTPServer") == ["http", "server", "httpserver"]
+    assert tokenize("iOS IPv4") == ["io", "ipv4"]
+    # a capital that lower-cases to two letters ("İ" to "i̇") is read as it is lower-cased
+    assert tokenize("İstanbul") == ["stanbul", "istanbul"]
+    assert lexical.counts_of(tokenize("istanbul"), "Notes from İstanbul") == {"istanbul": 1}
+    lex = LexicalIndex()
+    lex.refresh(root)
+    for query, note in [("mcp servers", "Bridge.md"), ("mcp_servers", "Bridge.md"), ("mcpServers", "Bridge.md"),
+                        ("activeSessionId", "Store.md"), ("status bar store", "Store.md"), ("ios", "Phones.md")]:
+        assert [p for p, _ in lex.search(query, 3)][0] == note, query
+    # its words apart: found (it held none of them), beside the note titled "Sessions"
+    assert set([p for p, _ in lex.search("active session id", 3)][:2]) == {"Sessions.md", "Store.md"}
+    # a name is one word of its note's length, as "mcpservers" would be
+    assert lex.bm25.length("Bridge.md") == lexical.field_counts(
+        lexical.note_fields(notes["Bridge.md"].replace("mcpServers", "mcpservers"), "Bridge.md"))[1]
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        found = hybrid_search(ix, "where do mcp servers go", 3)
+        assert found[0].path == "Bridge.md" and "mcpServers" in found[0].snippet
+    finally:
+        ix.close()
+
+
 def test_an_endless_compound_is_its_words_alone() -> None:
     """A hostile run of joined words (a megabyte of "a-b-a-b…") is counted as its words: no
     term of a megabyte, and the tokenizer's pattern is linear (possessive)."""
@@ -750,7 +793,9 @@ _TRICKY = ["dying", "lying", "tying", "die", "lie", "tie", "skies", "sky", "poss
            "happiness", "generously", "news", "early", "only", "ugly", "idly", "gently", "singly", "running",
            "ran", "relational", "organization", "sensitivity", "Ärger", "straße", "ﬁle", "12", "04", "12.04",
            "the", "and", "a", "I", "y", "yes", "kiln", "kilns", "notes", "noted", "noting", "x_y",
-           "cap-add", "to-do", "todo", "how-to", "re-index", "reindexed", "config.toml", "a-b_c.d", "-x-", "e.g."]
+           "cap-add", "to-do", "todo", "how-to", "re-index", "reindexed", "config.toml", "a-b_c.d", "-x-", "e.g.",
+           "sessionId", "SessionID", "HTTPServer", "mcpServers", "statusBar.activeSessionId", "iOS", "IPv4", "aB-cD",
+           "İstanbul", "fİ49b"]
 
 
 @settings(max_examples=300, deadline=None)
