@@ -745,6 +745,11 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
         "Store.md": "# The status bar\n\nIt reads `statusBarStore.activeSessionId` and shows it.\n",
         "Sessions.md": "# Sessions\n\nA session is shown in the bar while it is active.\n",
         "Phones.md": "# Phones\n\nThe app runs on iOS and speaks IPv4 only.\n",
+        # a long note that names it once, and short ones about its words
+        "Architecture.md": "# Component architecture\n\n" + "The renderer draws each frame from the model. " * 60
+                           + "A draft becomes a note through `GraduationState`.\n",
+        "State.md": "# State\n\nThe state of a machine: each state and the next state.\n",
+        "Graduation.md": "# Graduation\n\nThe graduation day, and the graduation ceremony after it.\n",
     }
     for name, text in notes.items():
         (root / name).write_text(text, encoding="utf-8")
@@ -757,7 +762,9 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
     lex = LexicalIndex()
     lex.refresh(root)
     for query, note in [("mcp servers", "Bridge.md"), ("mcp_servers", "Bridge.md"), ("mcpServers", "Bridge.md"),
-                        ("activeSessionId", "Store.md"), ("status bar store", "Store.md"), ("ios", "Phones.md")]:
+                        ("activeSessionId", "Store.md"), ("status bar store", "Store.md"), ("ios", "Phones.md"),
+                        # typed whole, the name alone counts: its words would rank the short notes first
+                        ("GraduationState", "Architecture.md")]:
         assert [p for p, _ in lex.search(query, 3)][0] == note, query
     # its words apart: found (it held none of them), beside the note titled "Sessions"
     assert set([p for p, _ in lex.search("active session id", 3)][:2]) == {"Sessions.md", "Store.md"}
