@@ -250,20 +250,29 @@ def test_resume_shows_the_agents_replay_as_history(tui: TuiRunner, filler: int) 
 
 def test_the_agents_own_context_in_a_replayed_message_is_one_line(tui: TuiRunner) -> None:
     """Gemini CLI replays the first message with its session context (date, OS, the folder's
-    tree) as a part of its own: one line says so; the person's words are shown."""
+    tree) as a part of its own: one line says so; the person's words are shown. It replays a
+    tool's result as "[Function Response: NAME]" in a message of the person's, alone or run on
+    after their next prompt (seen with Gemini CLI 0.61): left out, the tool call is shown."""
     caps = {"loadSession": True, "promptCapabilities": {"embeddedContext": True},
             "mcpCapabilities": {"http": True}, "sessionCapabilities": {}}
     context = "<session_context>\nThis is the Gemini CLI.\nsecret-folder-tree/\n</session_context>"
+    placeholder = "[Function Response: mcp_crucible_semantic_search]"
+    call = {"toolCallId": "c1", "title": "semantic_search", "kind": "search", "status": "completed"}
     script = {"initialize": {"result": {"agentCapabilities": caps}},
-              "history": [{"user_text": context}, {"user_text": "what is sourdough?"}, {"text": "A slow bread."}]}
+              "history": [{"user_text": context}, {"user_text": "what is sourdough?"}, {"tool_call": call},
+                          {"user_text": placeholder}, {"text": "A slow bread."},
+                          {"user_text": "and rye?" + placeholder}, {"text": "A sour one."}]}
     cmd = tui.agent_command(script)
     first = subprocess.run([tui.cru, "chat", "--agent-command", cmd, "--kiln", str(tui.kiln), "-p", "hello"],
                            env=tui.env, capture_output=True, text=True, timeout=60, cwd=tui.tmp)
     assert first.returncode == 0, first.stderr
     screen = tui.open(script, "--resume", _saved_session(tui.env))
     shown = screen.wait_all("(the agent's session context, 4 lines, not shown)", "what is sourdough?",
-                            "A slow bread.", "end of history")
+                            "A slow bread.", "A sour one.", "end of history")
     assert "secret-folder-tree" not in shown and "This is the Gemini CLI" not in shown
+    assert "Function Response" not in shown and "semantic_search" in shown
+    assert [line.strip() for line in shown.splitlines() if "and rye?" in line] == ["› and rye?"]
+    assert sum(line.strip() == "›" for line in shown.splitlines()) == 1  # the prompt's own, no empty message
     leave(screen)
 
 
