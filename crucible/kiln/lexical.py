@@ -132,15 +132,20 @@ def _stem(word: str) -> str:
         return str(_stemmer.stemWord(word))
 
 
-@lru_cache(maxsize=200_000)
 def _fold(token: str) -> str:
     """A `_TOKEN` token lower-cased, the words of a camelCase or PascalCase name cut apart
     ("sessionId" has the terms of "session_id", "HTTPServer" those of "http_server"): a developer
     who writes `mcpServers` in one note and "mcp servers" or `mcp_servers` in another means one
-    thing, and one searching for either should find both."""
+    thing, and one searching for either should find both. A run past MAX_COMPOUND_CHARS is
+    lower-cased alone (a hash, a hostile line: nothing a person types)."""
     lowered = token.lower()
-    if lowered == token or token[1:].islower() or token.isupper():  # most: "word", "Word", "API"
-        return lowered
+    if lowered == token or token[1:].islower() or token.isupper() or len(token) > MAX_COMPOUND_CHARS:
+        return lowered  # most: "word", "Word", "API"
+    return _fold_camel(token)
+
+
+@lru_cache(maxsize=200_000)
+def _fold_camel(token: str) -> str:
     return _CAMEL.sub("\\g<0>" + _CAMEL_MARK, token).lower()
 
 

@@ -787,6 +787,8 @@ def test_an_endless_compound_is_its_words_alone() -> None:
     counts, length = lexical.term_counts([run])
     assert counts == {"alpha": 100_000, "beta": 100_000} and length == 200_000
     assert set(tokenize(run + " x-y")) == {"alpha", "beta", "x", "y", "xy"}  # the short one beside it is one
+    # a camelCase run of a megabyte is not cut into words: one word, as a long run of letters is
+    assert tokenize("alphaBeta" * 100_000 + " xxYy") == ["alphabeta" * 100_000, "xx", "yy", "xxyy"]
 
 
 def test_the_meaning_weight_follows_the_embedders_best_similarity() -> None:
