@@ -3,7 +3,8 @@
 - quality: recall@5 and MRR@10 of BM25 (baseline), of dense note rankings (best chunk, note
   vector, blends) and of their fusions, on bench/queries.json (the project's own set),
   queries-hard.json (no title words) and queries-fresh.json (the same rule, written blind),
-  and two sets generated from the kiln of a note someone remembers a word of (`known_item_queries`);
+  and two sets generated from the kiln of a note someone remembers a word of (`known_item_queries`),
+  two of a camelCase name someone remembers, typed as words or whole (`name_queries`);
 - latency: semantic_search and hybrid_search p50/p95 against a raw Chroma query plus the
   query embedding (goal: <= 2x).
 
@@ -73,6 +74,29 @@ def known_item_queries(root: Path, seed: int = 11) -> tuple[list[dict[str, Any]]
             j = window.index(ws[i])
             phrases.append({"query": " ".join(window[max(0, j - 1): j + 2]), "expected": [path]})
     return pairs, phrases
+
+
+def name_queries(root: Path, count: int = 80, seed: int = 5) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Queries for a note the person remembers a camelCase name of (`GraduationState`,
+    `saveFileContent`), made from the kiln (nothing chosen by hand): `count` (seeded) of the names
+    only one note holds, (1) typed as words ("graduation state") and (2) typed whole. The note
+    holding it is the one expected (another note may hold it as `graduation_state`: a miss here
+    that a person may well want)."""
+    import random
+    import re
+
+    from crucible.kiln.paths import iter_markdown
+
+    name = re.compile(r"\b[a-z]+(?:[A-Z][a-z]+)+\b|\b(?:[A-Z][a-z]+){2,}\b")
+    where: dict[str, set[str]] = {}
+    for rel in sorted(iter_markdown(root)):
+        for found in set(name.findall((root / rel).read_text(encoding="utf-8", errors="replace"))):
+            where.setdefault(found, set()).add(rel)
+    names = sorted(n for n, paths in where.items() if len(paths) == 1)
+    random.Random(seed).shuffle(names)
+    words = [{"query": re.sub(r"(?<=[a-z])(?=[A-Z])", " ", n).lower(), "expected": sorted(where[n])} for n in names[:count]]
+    whole = [{"query": n, "expected": sorted(where[n])} for n in names[:count]]
+    return words, whole
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
@@ -284,6 +308,11 @@ def main() -> int:
     quality(index, pairs, "sample kiln, known items (generated: a word only one note has, and a common word of it)",
             show_misses=args.misses, variants=args.variants)
     quality(index, phrases, "sample kiln, known items (generated: a word only one note has, with the words around it)",
+            show_misses=args.misses, variants=args.variants)
+    words, whole = name_queries(kiln)
+    quality(index, words, "sample kiln, names (generated: a camelCase name only one note has, as words)",
+            show_misses=args.misses, variants=args.variants)
+    quality(index, whole, "sample kiln, names (generated: a camelCase name only one note has, typed whole)",
             show_misses=args.misses, variants=args.variants)
     if args.quality_only:
         index.close()
