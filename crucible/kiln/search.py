@@ -275,12 +275,17 @@ def fuse(
     for its missing vectors, so it is not pushed down for being late."""
 
     d, lex = min_max(dense), min_max(lexical)
-    fused = {}
+    fused: dict[str, tuple[float, float]] = {}
     for path in d.keys() | lex.keys():
         words = lex.get(path, 0.0)
         meaning = d.get(path, words if path in not_embedded else 0.0)
-        fused[path] = alpha * meaning + (1.0 - alpha) * words
-    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+        # Tied, a note found by the ranking that weighs more comes first: min-max puts each
+        # list's last at 0, as if absent, and with the meaning weighed 0 (a name the model cannot
+        # read) the last note holding the name tied with every note the model merely returned.
+        found = alpha * (path in d) + (1.0 - alpha) * (path in lex)
+        fused[path] = (alpha * meaning + (1.0 - alpha) * words, found)
+    ranked = sorted(fused.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))
+    return [(path, score) for path, (score, _) in ranked]
 
 
 def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: bool = True) -> list[SearchHit]:

@@ -750,6 +750,9 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
                            + "A draft becomes a note through `GraduationState`.\n",
         "State.md": "# State\n\nThe state of a machine: each state and the next state.\n",
         "Graduation.md": "# Graduation\n\nThe graduation day, and the graduation ceremony after it.\n",
+        "Web stories.md": "# Web stories\n\n" + "The page shows the list, and the list shows the cards. " * 60
+                          + "A spinner shows while `isLoading` is set.\n",
+        "Loader.md": "# Loader\n\nThe loader sets is_loading, clears is_loading when done, and is_loading is read.\n",
     }
     for name, text in notes.items():
         (root / name).write_text(text, encoding="utf-8")
@@ -776,6 +779,10 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
         ix.update()
         found = hybrid_search(ix, "where do mcp servers go", 3)
         assert found[0].path == "Bridge.md" and "mcpServers" in found[0].snippet
+        # a name typed whole is left to the words (the model reads it as its common words), and
+        # both notes that hold it, as `isLoading` or `is_loading`, come before any other
+        assert ix.literal_share("isLoading") == 1.0
+        assert {r.path for r in hybrid_search(ix, "isLoading", 5)[:2]} == {"Web stories.md", "Loader.md"}
     finally:
         ix.close()
 
