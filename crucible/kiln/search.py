@@ -13,7 +13,8 @@ The hybrid fuses that ranking with the lexical index's (BM25 over whole notes an
 sections, `lexical.LexicalIndex.search`) by `fuse`, a convex combination of normalised scores.
 recall@5 / MRR@10 of the hybrid: the project's own 50 queries 1.00 / 0.96; 85 written without
 a word of the note's title 0.94 / 0.84; 76 written blind 0.99 / 0.90; 120 generated of a word
-only one note has and a common one 0.95 / 0.88 — so hybrid is the default everywhere.
+only one note has and a common one 0.95 / 0.88; 80 camelCase names one note has, typed whole
+1.00 / 0.96 (typed as words, "graduation state": 0.60 / 0.42) — so hybrid is the default everywhere.
 """
 
 from __future__ import annotations
