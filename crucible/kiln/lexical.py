@@ -868,7 +868,7 @@ class LexicalIndex:
         terms: list[str] = []
         for token in map(_fold, _TOKEN.findall(query)):
             parts = terms_of(token)
-            name = _CAMEL_MARK in token and not _JOINER.search(token) and len(token) <= MAX_COMPOUND_CHARS
+            name = _CAMEL_MARK in token and not _JOINER.search(token)  # (`_fold` marks short names only)
             terms += parts[-1:] if name and self.bm25.holds(parts[-1]) else parts
         return terms
 
