@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import trio
 
 from acp_host.jsonrpc import ConnectionClosed, JsonRpcPeer, Notification, encode
+from crucible.replayed import shown_user_text
 
 # Updates Crucible adds to (its card option, its commands): decoded, changed, encoded again.
 # Every other update goes to the editor as the backend wrote it.
@@ -122,6 +123,22 @@ class CoalescingSendStream(trio.abc.SendStream):
             await self._flush()
         self._space.set()
         await self.inner.aclose()
+
+
+def _as_shown(params: dict[str, Any]) -> dict[str, Any] | None:
+    """A held update (a replay comes before the editor knows the session) as the chat shows it:
+    a message of the person's without what is not their words (`replayed.shown_user_text`), None
+    if nothing is left of it."""
+    update = params.get("update")
+    if type(update) is not dict or update.get("sessionUpdate") != "user_message_chunk":
+        return params
+    content = update.get("content")
+    if type(content) is not dict or content.get("type") != "text" or not isinstance(text := content.get("text"), str):
+        return params
+    shown = shown_user_text(text)
+    if not shown:
+        return None
+    return params if shown == text else {**params, "update": {**update, "content": {**content, "text": shown}}}
 
 
 def with_session_id(line: bytes, old_id: bytes, new_id: bytes) -> bytes | None:
@@ -238,7 +255,9 @@ class UpdateForwarder:
         """Send what was held, in order; later updates go straight through. Then Crucible's
         commands, if the backend did not announce its own (they are spliced into those)."""
         while self.early:
-            await self.forward(self.early.pop(0))
+            params = _as_shown(self.early.pop(0))
+            if params is not None:
+                await self.forward(params)
         self.live = True
         session = self.session
         if session is None or session.commands_sent:

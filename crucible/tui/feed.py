@@ -5,7 +5,6 @@ child: a child's events are drawn exactly as the session's own, only nested."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from acp_host.session import (
 )
 from crucible.events import ChildEvent, Notice, Renderer, joined_chunks, permission_decision
 from crucible.kiln_calls import WRITE_TOOLS, BridgeCall, bridge_call, proposed_write
+from crucible.replayed import shown_user_text
 from crucible.terminal import sanitize
 from crucible.tui.status import plan_lines
 from crucible.tui.tool_calls import ToolEntry
@@ -97,7 +97,7 @@ class Feed(Renderer):
     def user_message(self, event: UserChunk) -> None:
         """The person's message as an agent replays it (or a saved one): as the chat shows the
         person's own prompt, `› ` first; another message id starts another message."""
-        text = _without_agent_context(event.text)
+        text = shown_user_text(event.text)
         if not text:
             return
         cur = self.current
@@ -224,24 +224,4 @@ class ChatFeed(Feed):
 
     def child(self, event: ChildEvent) -> None:
         self.ui.children.show(event)
-
-
-# What Gemini CLI replays of a tool's result, which its record keeps in a message of the person's
-# ("[Function Response: mcp_crucible_semantic_search]", at times run on after their next prompt;
-# the call itself is replayed as a tool call).
-_TOOL_PLACEHOLDER = re.compile(r"\[Function (?:Response|Call): [^\]\n]{0,200}\]")
-
-
-def _without_agent_context(text: str) -> str:
-    """A replayed message part that is the agent's own context, not the person's words (Gemini
-    CLI stores the date, the OS and the working folder's tree as a `<session_context>` part of
-    the first message, and replays it): one line in its place; a part that stands for a tool's
-    result: left out (nothing, if that is all it is)."""
-    body = text.strip()
-    if body.startswith("<session_context>") and body.endswith("</session_context>"):
-        return f"(the agent's session context, {body.count(chr(10)) + 1} lines, not shown)\n"
-    if "[Function " in text:
-        text = _TOOL_PLACEHOLDER.sub("", text)
-        return text if text.strip() else ""
-    return text
 

@@ -143,6 +143,38 @@ def test_chunks_thoughts_and_tool_calls_keep_their_order_in_the_transcript(acp: 
     assert saved == want
 
 
+def test_a_replayed_message_reaches_the_editor_as_the_chat_shows_it(acp: AcpSetup) -> None:
+    """Gemini CLI replays its own session context (the date, the OS, the folder's tree) as a part
+    of the person's first message, and a tool's result as "[Function Response: NAME]" in a
+    message of theirs, alone or run on after their next prompt: the editor that loads the
+    session gets one line for the context and the person's words alone, as `cru chat` shows."""
+    context = "<session_context>\nThis is the Gemini CLI.\nsecret-folder-tree/\n</session_context>"
+    placeholder = "[Function Response: mcp_crucible_semantic_search]"
+    call = {"toolCallId": "c1", "title": "semantic_search", "kind": "search", "status": "completed"}
+    acp.script({
+        "initialize": {"result": {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {}}}},
+        "history": [{"user_text": context}, {"user_text": "what is sourdough?"}, {"tool_call": call},
+                    {"user_text": placeholder}, {"text": "A slow bread."},
+                    {"user_text": "and rye?" + placeholder}, {"text": "A sour one."}],
+    })
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text="hi")])
+        await conn.close_session(session_id=new.session_id)
+        editor.frames.clear()
+        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
+        return str(new.session_id)
+
+    run(acp, editor, body, acp.agent_command, str(acp.script_path))
+    said = [u["update"]["content"]["text"] for u in editor.update_frames("user_message_chunk")]
+    assert said == ["(the agent's session context, 4 lines, not shown)\n", "what is sourdough?", "and rye?"]
+    assert [u["update"]["title"] for u in editor.update_frames("tool_call")] == ["semantic_search"]
+    assert "".join(u["update"]["content"]["text"] for u in editor.update_frames("agent_message_chunk")) \
+        == "A slow bread.A sour one."
+
+
 def test_a_long_history_replayed_by_the_backend_reaches_the_editor_whole(acp: AcpSetup) -> None:
     n = 3000  # more than a backend may send before the session is live in the editor
     acp.script({
