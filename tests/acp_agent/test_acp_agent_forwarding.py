@@ -143,6 +143,22 @@ def test_chunks_thoughts_and_tool_calls_keep_their_order_in_the_transcript(acp: 
     assert saved == want
 
 
+def loaded_after_a_turn(acp: AcpSetup, editor: Editor) -> str:
+    """A session the editor opens, prompts once, closes and loads again: what the editor got is
+    the load's alone (its replay). Returns the session's id."""
+
+    async def body(conn: Any, init: InitializeResponse) -> str:
+        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
+        await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text="hi")])
+        await conn.close_session(session_id=new.session_id)
+        editor.updates.clear()
+        editor.frames.clear()
+        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
+        return str(new.session_id)
+
+    return str(run(acp, editor, body, acp.agent_command, str(acp.script_path)))
+
+
 def test_a_replayed_message_reaches_the_editor_as_the_chat_shows_it(acp: AcpSetup) -> None:
     """Gemini CLI replays its own session context (the date, the OS, the folder's tree) as a part
     of the person's first message, and a tool's result as "[Function Response: NAME]" in a
@@ -158,16 +174,7 @@ def test_a_replayed_message_reaches_the_editor_as_the_chat_shows_it(acp: AcpSetu
                     {"user_text": "and rye?" + placeholder}, {"text": "A sour one."}],
     })
     editor = Editor()
-
-    async def body(conn: Any, init: InitializeResponse) -> str:
-        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
-        await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text="hi")])
-        await conn.close_session(session_id=new.session_id)
-        editor.frames.clear()
-        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
-        return str(new.session_id)
-
-    run(acp, editor, body, acp.agent_command, str(acp.script_path))
+    loaded_after_a_turn(acp, editor)
     said = [u["update"]["content"]["text"] for u in editor.update_frames("user_message_chunk")]
     assert said == ["(the agent's session context, 4 lines, not shown)\n", "what is sourdough?", "and rye?"]
     assert [u["update"]["title"] for u in editor.update_frames("tool_call")] == ["semantic_search"]
@@ -182,15 +189,6 @@ def test_a_long_history_replayed_by_the_backend_reaches_the_editor_whole(acp: Ac
         "history": [{"text": f"old {i} "} for i in range(n)],
     })
     editor = Editor()
-
-    async def body(conn: Any, init: InitializeResponse) -> str:
-        new = await conn.new_session(cwd=str(acp.work), mcp_servers=[])
-        await conn.prompt(session_id=new.session_id, prompt=[TextContentBlock(type="text", text="hi")])
-        await conn.close_session(session_id=new.session_id)
-        editor.updates.clear()
-        await conn.load_session(cwd=str(acp.work), session_id=new.session_id, mcp_servers=[])
-        return str(new.session_id)
-
-    sid = run(acp, editor, body, acp.agent_command, str(acp.script_path))
+    sid = loaded_after_a_turn(acp, editor)
     assert [f["params"]["sessionId"] for f in acp.inbound("session/load")] == ["sess-1"]  # natively
     assert editor.text(sid) == "".join(f"old {i} " for i in range(n))
