@@ -79,15 +79,16 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
     for record, key in zip(records, keys, strict=True):
         kind = record.get("type")
         text = str(record.get("text", ""))
-        said = said or kind in ("user_message", "history_user_message", "agent_message")
         if kind not in ("user_message", "history_user_message", "agent_message", "agent_thought"):
             section = None  # the next message gets its heading again
         if kind in ("user_message", "history_user_message"):
             heading("## You")
             lines.append(text)
+            said = True
         elif kind == "agent_message":
             heading("## Agent")
             lines.append(text)
+            said = True
         elif kind == "agent_thought":
             heading("### Thinking")
             lines.append("> " + text.replace("\n", "\n> "))

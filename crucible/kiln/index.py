@@ -644,7 +644,7 @@ class KilnIndex:
         # Nothing stored yet (a first build, a rebuild): no vectors to look up for reuse. Chroma
         # also failed a read ("Error creating hnsw segment reader: Nothing found on disk") made
         # while this build's first write created the vector segment (seen once in CI).
-        stored = self.chroma.count_chunks() > 0
+        stored = self.count_chunks() > 0
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kiln-index") as pool:
             preparing: Future[list[_Pending]] = pool.submit(self._prepare, groups[0], report, stored)
             writing: Future[None] | None = None
@@ -684,7 +684,7 @@ class KilnIndex:
             notes_known = len(todo)
         show(None)
 
-    def _prepare(self, group: list[_Todo], report: IndexReport, stored: bool = True) -> list[_Pending]:
+    def _prepare(self, group: list[_Todo], report: IndexReport, stored: bool) -> list[_Pending]:
         """Read and chunk the group's notes, and find the vectors stored for unchanged chunks
         (also of notes not in the manifest: an interrupted update left their chunk rows), if
         anything is `stored`."""
