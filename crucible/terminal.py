@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from acp_host.safe_text import json_safe, terminal_safe, without_escapes
 from crucible.redaction import redact
 
-__all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "sanitize", "without_escapes"]
+__all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "log_lines_to", "sanitize",
+           "without_escapes"]
 
 
 
@@ -43,6 +45,40 @@ def install_log_handler(fmt: str = "cru: %(message)s", level: int = logging.WARN
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > level:
         root.setLevel(level)
+
+
+class _LineSink(logging.Handler):
+    def __init__(self, show: Callable[[str], None]) -> None:
+        super().__init__()
+        self.show = show
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.show(self.format(record))
+        except Exception:  # a log line must never break its caller
+            self.handleError(record)
+
+
+@contextmanager
+def log_lines_to(show: Callable[[str], None]) -> Iterator[None]:
+    """While a full-screen application owns the terminal, the log lines (formatted and
+    sanitized as on stderr) and Python's warnings go to `show` instead: written to stderr they
+    would draw over its screen. `show` may be called from any thread."""
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if isinstance(h.formatter, SafeFormatter)]
+    sink = _LineSink(show)
+    sink.setFormatter(ours[0].formatter if ours else SafeFormatter("cru: %(message)s"))
+    for handler in ours:
+        root.removeHandler(handler)
+    root.addHandler(sink)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(sink)
+        for handler in ours:
+            root.addHandler(handler)
 
 
 class SafeStream:

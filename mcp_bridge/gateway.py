@@ -233,7 +233,10 @@ class Upstream:
             finally:
                 self._client = None
             self.state = "down"
-            logger.warning("MCP server %s is down: %s", self.spec.name, self.last_error)
+            # Its last stderr line says why more often than the transport's error does.
+            said = next((line for line in reversed(self.stderr) if line.strip()), "")
+            logger.warning("MCP server %s is down: %s%s", self.spec.name, self.last_error,
+                           f" (its stderr: {said})" if said else "")
             self._settle()
             if not self.spec.auto_reconnect:
                 self.state = "stopped"

@@ -95,6 +95,9 @@ class AgentLoop:
     async def main(self) -> int:
         ui = self.ui
         ui.token = trio.lowlevel.current_trio_token()
+        held, ui.log_lines_held = ui.log_lines_held, []
+        for line in held:
+            ui.show_log_line(line)
         async with trio.open_nursery() as nursery:
             ui.nursery = nursery
             # SIGTERM, SIGHUP (the terminal closed): agents stopped at once, the session's

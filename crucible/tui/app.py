@@ -33,6 +33,7 @@ from crucible.errors import CrucibleError
 from crucible.private_files import open_private, private_dir
 from crucible.session_store import SessionStore
 from crucible.sessions import CrucibleSession, SessionOptions
+from crucible.terminal import log_lines_to
 from crucible.tui.agent import AgentLoop
 from crucible.tui.bridge import Pacer, run_with_trio
 from crucible.tui.children import Children
@@ -77,6 +78,8 @@ class ChatUI:
         self.quitting = False
         self.agent_alive = False
         self.notes: list[str] = []
+        self.log_lines_held: list[str] = []  # logged while trio is not running: shown at its start, else after
+        self._log_lines_shown: set[str] = set()
         # trio side (set in AgentLoop.main)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
@@ -128,6 +131,23 @@ class ChatUI:
     def notice(self, text: str, style: str = "class:notice") -> None:
         self.feed.add_notice(text, style)
         self.refresh()
+
+    def log_line(self, text: str) -> None:
+        """A log line of this process, from any thread (`terminal.log_lines_to`): a notice in the
+        chat, once per text (a server that keeps failing logs the same line at every retry)."""
+        token = self.token
+        if token is None:
+            self.log_lines_held.append(text)
+            return
+        try:
+            token.run_sync_soon(self.show_log_line, text)
+        except trio.RunFinishedError:
+            self.log_lines_held.append(text)
+
+    def show_log_line(self, text: str) -> None:
+        if text not in self._log_lines_shown:
+            self._log_lines_shown.add(text)
+            self.notice(text)
 
     def error(self, text: str) -> None:
         self.notice(text, "class:error")
@@ -267,7 +287,8 @@ def run_tui(opts: SessionOptions) -> int:
         history = InMemoryHistory()
     ui = ChatUI(replace(opts, store=opts.store or SessionStore()), history)
     try:
-        result = run_with_trio(ui.app, ui.loop.main)
+        with log_lines_to(ui.log_line):
+            result = run_with_trio(ui.app, ui.loop.main)
     except OSError as exc:
         if exc.errno != errno.EIO or not hard_stop.received:
             raise
@@ -275,6 +296,8 @@ def run_tui(opts: SessionOptions) -> int:
     if hard_stop.received:
         return hard_stop.exit_code()  # stopped at once: no scrollback written to a closing terminal
     write_scrollback(ui)
+    for line in dict.fromkeys(ui.log_lines_held):  # logged as the chat closed: not lost
+        sys.stderr.write(line + "\n")
     return result or 0
 
 

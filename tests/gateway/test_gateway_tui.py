@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,34 @@ def test_elicitation_is_answered_in_the_dialog_and_mcp_shows_the_servers(tui: An
     screen.type_line("/mcp")
     screen.wait_for(lambda s: "MCP servers:" in s and any(
         line.split()[:2] == ["up", "up"] and "tools" in line for line in s.splitlines()))
+
+
+def test_a_server_that_keeps_failing_is_one_line_in_the_chat_not_drawn_over_it(
+        cru_bin: str, clean_env: dict[str, str], kiln: Path, tmp_path: Path) -> None:
+    # A server whose program fails at once (a wrong import, as a person's first try often does)
+    # is retried with backoff and logged down at every retry: that went to stderr, over the
+    # full-screen chat, a line per retry across the input box and the status bar.
+    failing, starts = tmp_path / "failing_server.py", tmp_path / "starts"
+    failing.write_text(f'open({str(starts)!r}, "a").write("started\\n")\nimport sys\n'
+                       'sys.stderr.write("ImportError: fastmcp\\n")\nsys.exit(1)\n')
+    write_config(Path(clean_env["XDG_CONFIG_HOME"]) / "crucible",
+                 f'[[mcp.servers]]\nname = "broken"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                 f'command = "{sys.executable}"\nargs = ["{failing}"]\n')
+    runner = TuiRunner(cru_bin, clean_env, kiln, tmp_path)
+    screen = runner.open({"new_session": {"list_mcp_tools": True}, "prompts": [[{"text": "hello back"}]]},
+                         cols=120, rows=60)
+    try:
+        screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+        screen.wait_for("MCP server broken is down")
+        deadline = time.monotonic() + 60
+        while len(starts.read_text().splitlines()) < 4:  # each retry logs the line again
+            assert time.monotonic() < deadline, f"never retried three times:\n{screen.text()}"
+            screen.pump(0.5)
+        screen.type_line("hi")
+        shown = screen.wait_for("hello back")
+        lines = shown.splitlines()
+        said = [line for line in lines if "MCP server broken is down" in line]
+        assert len(said) == 1 and "(its stderr: ImportError: fastmcp)" in said[0], shown
+        assert "ready" in lines[-1] and lines[-2].startswith("›"), shown
+    finally:
+        screen.close()
