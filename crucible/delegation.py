@@ -68,8 +68,6 @@ HEARTBEAT_SECS = 10.0
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "timed_out"]
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "timed_out"})
 
-DELEGATION_TOOLS = ("delegate_session", "list_jobs", "get_job_result", "cancel_job")
-
 
 # -- the tools' arguments and results --------------------------------------------------------
 

@@ -22,6 +22,13 @@ if TYPE_CHECKING:  # the bridge's server, for a type only: this module is import
     from mcp_bridge.server import BridgeServer
 
 SEARCH_TOOLS = frozenset({"semantic_search", "text_search", "property_search"})
+# The kiln tools' names (mcp_bridge.tools.KILN_TOOLS: not imported, this module draws the chat
+# before the bridge loads; a test holds the two equal) and the delegation tools'.
+KILN_TOOL_NAMES = frozenset({
+    "create_note", "read_note", "read_metadata", "update_note", "delete_note", "list_notes", "semantic_search",
+    "text_search", "property_search", "get_kiln_info", "get_kiln_roots", "get_kiln_stats",
+})
+DELEGATION_TOOL_NAMES = frozenset({"delegate_session", "list_jobs", "get_job_result", "cancel_job"})
 WRITE_TOOLS = frozenset({"create_note", "update_note"})
 TOP_HITS = 5
 _SUBJECT_KEYS = ("path", "query", "folder", "pattern", "tag", "key", "target", "card", "job_id")
@@ -60,6 +67,16 @@ def call_arguments(call: ToolCall) -> dict[str, Any] | None:
             if isinstance(parsed, dict):
                 return parsed
     return None
+
+
+def bridge_source(name: str) -> str:
+    """Where a tool of Crucible's bridge comes from, as the chat labels it: the kiln, a Lua
+    plugin (`lua_*`), delegation, else one of the person's MCP servers (the gateway)."""
+    if name in KILN_TOOL_NAMES:
+        return "kiln"
+    if name in DELEGATION_TOOL_NAMES:
+        return "delegation"
+    return "plugin" if name.startswith("lua_") else "mcp"
 
 
 def bridge_call(call: ToolCall, known_args: dict[str, Any] | None = None) -> BridgeCall | None:

@@ -37,6 +37,7 @@ from crucible.kiln_calls import (
     BridgeCall,
     ProposedWrite,
     bridge_call,
+    bridge_source,
     proposed_write,
 )
 from crucible.private_files import FILE_MODE, private_dir
@@ -222,7 +223,7 @@ def _dialog_lines(queue: PermissionQueue, question: Question | None, questions: 
     request = ask.request
     call = request.tool_call if request is not None else None
     bridge = ask_bridge_call(ask)
-    kind = "kiln" if bridge is not None else (call.kind if call is not None else None) or "other"
+    kind = bridge_source(bridge.name) if bridge is not None else (call.kind if call is not None else None) or "other"
     title = bridge.title if bridge is not None else ask.title
     head: list[Fragments] = [
         [("class:dialog.title", f"Permission: {sanitize(ask.label)} wants to run "),

@@ -17,6 +17,7 @@ from crucible.kiln_calls import (
     BridgeCall,
     ProposedWrite,
     bridge_call,
+    bridge_source,
     call_arguments,
     search_hits,
     summary_line,
@@ -143,7 +144,7 @@ def tool_call_lines(call: Any, terminal_text: Callable[[str], str | None] | None
     head: Fragments = [
         (_STATUS_STYLE.get(status, "class:tool.pending"), f"{mark} "),
         ("class:tool.title", sanitize(title)),
-        ("class:dim", "  [kiln] " if bridge is not None else f"  [{sanitize(call.kind or 'other')}] "),
+        ("class:dim", f"  [{bridge_source(bridge.name)}] " if bridge is not None else f"  [{sanitize(call.kind or 'other')}] "),
         (_STATUS_STYLE.get(status, "class:tool.pending"), status),
     ]
     lines: list[Fragments] = [head]

@@ -7,19 +7,29 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import trio
 import trio.testing
 
 from acp_host.session import ToolCall
-from crucible.kiln_calls import BridgeCall, bridge_call, proposed_write, search_hits
+from crucible.delegation import Delegation
+from crucible.kiln_calls import (
+    DELEGATION_TOOL_NAMES,
+    KILN_TOOL_NAMES,
+    BridgeCall,
+    bridge_call,
+    proposed_write,
+    search_hits,
+)
 from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
 from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
 from crucible.tui.prompts import PromptQueue, Queued
 from crucible.tui.status import StatusBar
 from crucible.tui.tool_calls import diff_lines, tool_call_lines
 from crucible.tui.transcript import TextEntry
+from mcp_bridge.tools import KILN_TOOLS
 
 
 def texts(rows: list[list[tuple[str, str]]]) -> list[str]:
@@ -94,6 +104,17 @@ def test_bridge_tools_get_a_clean_title_whatever_the_agent_calls_them() -> None:
         assert head.startswith("• create_note notes/x.md  [kiln]"), head
     assert bridge_call(call("Read file.md")) is None
     assert BridgeCall("semantic_search", {"query": "sourdough"}).title == 'semantic_search "sourdough"'
+
+
+def test_a_bridge_tool_is_labelled_by_where_it_comes_from() -> None:
+    # A person's GitHub server or Lua plugin on the bridge is not "[kiln]".
+    for name, label in (("semantic_search", "kiln"), ("lua_wordcount_count", "plugin"),
+                        ("gh_search_issues", "mcp"), ("delegate_session", "delegation")):
+        head = texts(wrap(tool_call_lines(call(f"mcp__crucible__{name}", "toolu_1"))[0], 200))[0]
+        assert head.startswith(f"• {name}  [{label}]"), head
+    assert KILN_TOOL_NAMES == {spec.name for spec in KILN_TOOLS}
+    unbound = SimpleNamespace(config=SimpleNamespace(timeout_secs=1.0))  # the specs read only the timeout
+    assert DELEGATION_TOOL_NAMES == {spec.name for spec in Delegation.tool_specs(unbound)}  # type: ignore[arg-type]
 
 
 def test_search_hits_are_found_wherever_the_agent_puts_the_result() -> None:
