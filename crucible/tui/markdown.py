@@ -160,9 +160,11 @@ def _width(fragments: Fragments) -> int:
     return sum(get_cwidth(text) for _, text in fragments)
 
 
-def table_rows(lines: list[str], base: str = "") -> list[Fragments] | None:
+def table_rows(lines: list[str], base: str = "", width: int | None = None) -> list[Fragments] | None:
     """A markdown table (header, rule, rows) drawn with box lines; None when `lines` is not one
-    (no rule under the header), so the caller keeps them as they are."""
+    (no rule under the header), so the caller keeps them as they are. With `width`, a table
+    wider than that many cells has its widest columns narrowed and their cells wrapped inside
+    them (a table too narrow even so is drawn as it is, and the screen wraps its rows)."""
     if len(lines) < 2 or _TABLE_RULE.match(lines[1]) is None:
         return None
     rule = _cells(lines[1])
@@ -174,6 +176,8 @@ def table_rows(lines: list[str], base: str = "") -> list[Fragments] | None:
         r.extend([] for _ in range(count - len(r)))
     aligns.extend("left" for _ in range(count - len(aligns)))
     widths = [max(1, *(_width(r[i]) for r in rows)) for i in range(count)]
+    if width is not None:
+        widths = _fit_columns(widths, width - 3 * count - 1)  # "│ " before each cell, " │" after
     line_style = f"{base} class:md.table"
 
     def rule_row(left: str, mid: str, right: str) -> Fragments:
@@ -181,18 +185,48 @@ def table_rows(lines: list[str], base: str = "") -> list[Fragments] | None:
 
     out: list[Fragments] = [rule_row("┌", "┬", "┐")]
     for number, cells in enumerate(rows):
-        row: Fragments = [(line_style, "│")]
-        for cell, width, align in zip(cells, widths, aligns, strict=True):
-            pad = width - _width(cell)
-            left = pad // 2 if align == "center" else pad if align == "right" else 0
-            if number == 0:
-                cell = [(f"{style} class:md.bold", text) for style, text in cell]
-            row += [(base, " " * (left + 1)), *cell, (base, " " * (pad - left + 1)), (line_style, "│")]
-        out.append(row)
+        if number == 0:
+            cells = [[(f"{style} class:md.bold", text) for style, text in cell] for cell in cells]
+        pieces = [wrap(cell, w) if _width(cell) > w else [cell] for cell, w in zip(cells, widths, strict=True)]
+        for k in range(max(len(p) for p in pieces)):
+            row: Fragments = [(line_style, "│")]
+            for piece, w, align in zip(pieces, widths, aligns, strict=True):
+                cell = piece[k] if k < len(piece) else []
+                pad = max(0, w - _width(cell))
+                left = pad // 2 if align == "center" else pad if align == "right" else 0
+                row += [(base, " " * (left + 1)), *cell, (base, " " * (pad - left + 1)), (line_style, "│")]
+            out.append(row)
         if number == 0:
             out.append(rule_row("├", "┼", "┤"))
     out.append(rule_row("└", "┴", "┘"))
     return out
+
+
+_NARROWEST_COLUMN = 4  # narrower than this a cell is more border than text: the table is left as is
+
+
+def _fit_columns(widths: list[int], room: int) -> list[int]:
+    """Column widths summing to at most `room`: the widest narrowed to one cap (the largest that
+    fits), the cells left over handed back one each; `widths` as they are if they fit, or if
+    the cap would be under `_NARROWEST_COLUMN`."""
+    if sum(widths) <= room:
+        return widths
+    low, high = 0, max(widths)
+    while low < high:  # the largest cap whose columns fit
+        cap = (low + high + 1) // 2
+        if sum(min(w, cap) for w in widths) <= room:
+            low = cap
+        else:
+            high = cap - 1
+    if low < _NARROWEST_COLUMN:
+        return widths
+    fitted = [min(w, low) for w in widths]
+    spare = room - sum(fitted)
+    for i, w in enumerate(widths):
+        if spare and w > fitted[i]:
+            fitted[i] += 1
+            spare -= 1
+    return fitted
 
 
 # -- wrapping -----------------------------------------------------------------------------------

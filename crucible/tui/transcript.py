@@ -61,7 +61,7 @@ class TextEntry(Entry):
         self.markdown = markdown
         self.state = MarkdownState()
         # A rendered line, or a very long one kept as a plain string (wrapped by slicing).
-        self.lines: deque[Fragments | str] = deque(maxlen=MAX_LINES_PER_ENTRY)
+        self.lines: deque[Fragments | str | DrawnTable] = deque(maxlen=MAX_LINES_PER_ENTRY)
         self._pieces: list[str] = []  # the line still streaming; joined when drawn (no O(n²) +=)
         self.source: deque[str] = deque(maxlen=MAX_LINES_PER_ENTRY)  # the lines as they came, for /copy
         self._table: list[str] = []  # the rows of a table still coming (shown as they came until it ends)
@@ -97,12 +97,11 @@ class TextEntry(Entry):
     def _end_table(self) -> None:
         """The rows of a table, shown as they came, are drawn as a table now that it ended."""
         rows, self._table = self._table, []
-        drawn = table_rows(rows, self.base)
-        if drawn is None or len(self.lines) < len(rows):
+        if table_rows(rows, self.base) is None or len(self.lines) < len(rows):
             return
         for _ in rows:
             self.lines.pop()
-        self.lines.extend(drawn)
+        self.lines.append(DrawnTable(rows, self.base))
 
     def _render(self, line: str) -> Fragments | str:
         if len(line) > _PEEK_LIMIT:
@@ -150,7 +149,7 @@ class TextEntry(Entry):
         return blocks
 
     def text_lines(self) -> int:
-        return len(self.lines) + (1 if self.partial else 0)
+        return len(self.source) + (1 if self.partial else 0)  # (a drawn table is one of `lines`)
 
     def _sliced_reversed(self, text: str, width: int) -> Iterator[Fragments]:
         style = f"{self.base} class:md.code" if self.state.in_code else self.base
@@ -179,8 +178,24 @@ class TextEntry(Entry):
             line = self.lines[i]
             if isinstance(line, str):
                 yield from self._sliced_reversed(line, width)
+            elif isinstance(line, DrawnTable):
+                for row in reversed(line.rows(width)):
+                    yield from reversed(wrap(row, width))
             else:
                 yield from reversed(wrap(line, width))
+
+
+class DrawnTable:
+    """A table that ended, drawn for the width it is shown at: its columns fit the screen."""
+
+    def __init__(self, lines: list[str], base: str) -> None:
+        self.source, self.base = lines, base
+        self._cache: tuple[int, list[Fragments]] | None = None
+
+    def rows(self, width: int) -> list[Fragments]:
+        if self._cache is None or self._cache[0] != width:
+            self._cache = (width, table_rows(self.source, self.base, width) or [])
+        return self._cache[1]
 
 
 class BlockEntry(Entry):

@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 import trio.testing
+from prompt_toolkit.utils import get_cwidth
 
 from acp_host.session import ToolCall
 from crucible.delegation import Delegation
@@ -61,10 +62,31 @@ def test_a_table_streams_as_rows_then_is_drawn_when_it_ends() -> None:
     shown = plain([line for line in entry.lines if not isinstance(line, str)])
     assert "| a.md | 12 |" in shown  # still coming: as it came
     entry.append("| b.md | 3 |\nafter the table\n")
-    drawn = [texts(wrap(line, 200))[0] for line in entry.lines if not isinstance(line, str)]
+    drawn = texts(list(entry.rows_reversed(200)))[::-1]
     assert drawn == ["┌──────┬───────┐", "│ note │ words │", "├──────┼───────┤", "│ a.md │    12 │",
                      "│ b.md │     3 │", "└──────┴───────┘", "after the table"]
     assert table_rows(["| just | pipes |", "| no | rule |"]) is None
+
+
+def test_a_table_wider_than_the_screen_wraps_its_widest_cells_inside_their_column() -> None:
+    entry = TextEntry("agent")
+    entry.append("| name | 値 | note |\n|---|---|:-:|\n| alpha | 一二三 | a very long cell that goes on and on |\n"
+                 "| β | 🎉 | short |\nafter\n")
+    rows = texts(list(entry.rows_reversed(30)))[::-1]
+    assert rows == ["┌───────┬────────┬───────────┐",
+                    "│ name  │ 値     │   note    │",
+                    "├───────┼────────┼───────────┤",
+                    "│ alpha │ 一二三 │  a very   │",
+                    "│       │        │ long cell │",
+                    "│       │        │ that goes │",
+                    "│       │        │ on and on │",
+                    "│ β     │ 🎉     │   short   │",
+                    "└───────┴────────┴───────────┘",
+                    "after"]
+    assert {sum(get_cwidth(ch) for ch in row) for row in rows[:-1]} == {30}
+    # Wide enough: as it came; too narrow for columns of 4 cells: drawn whole, the screen wraps it.
+    assert texts(list(entry.rows_reversed(200)))[::-1][3] == "│ alpha │ 一二三 │ a very long cell that goes on and on │"
+    assert texts(list(entry.rows_reversed(12)))[-1].startswith("┌──")  # its first row, cut by the screen
 
 
 def test_fenced_code_is_highlighted_by_its_language() -> None:
