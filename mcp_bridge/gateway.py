@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import re
+import warnings
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -818,6 +819,11 @@ class Gateway:
                 await listener.upstream_changed(kinds)
             except Exception:
                 logger.exception("telling a bridge about changed MCP lists failed")
+
+
+# The MCP spec deprecates roots (SEP-2577) while servers still read them: we offer them
+# knowingly, and the SDK's warning (a source line of ours) says nothing to the person.
+warnings.filterwarnings("ignore", message="The roots capability is deprecated", category=Warning)
 
 
 async def _send_roots_changed(client: Any, name: str) -> None:
