@@ -53,7 +53,7 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
     first = conv.entries[0]
     lines = [f"# {conv.title or 'Session ' + conv.id}", "",
              f"session {conv.id} · agent {conv.agent}" + (f" · card {conv.card}" if conv.card else "")
-             + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {conv.turns} turn{"" if conv.turns == 1 else "s"}"]
+             + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {conv.turns} turn{'' if conv.turns == 1 else 's'}"]
     records = list(message_records(records))
     # A tool call's records, by (turn, id): ids are the agent's, unique within a turn only.
     keys: list[tuple[int, str] | None] = []

@@ -143,7 +143,7 @@ class StatusBar:
         lines = []
         if self.turn_tokens is not None:
             lines.append(f"last turn: {self.turn_tokens} tokens")
-        lines.append(f"this session: {self.session_tokens} tokens over {self.turns} turn{"" if self.turns == 1 else "s"}")
+        lines.append(f"this session: {self.session_tokens} tokens over {self.turns} turn{'' if self.turns == 1 else 's'}")
         if self.cost is not None:
             lines.append(f"cost: {self.cost[0] - self.turn_start_cost:.4f} {self.cost[1]} last turn, "
                          f"{self.cost[0]:.4f} {self.cost[1]} this session")
