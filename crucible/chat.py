@@ -178,6 +178,7 @@ class _HeadlessRun:
             process.exit_grace = HEADLESS_EXIT_GRACE
             await trio.to_thread.run_sync(preload, abandon_on_cancel=True)
             # acp.schema: imported by `preload` just now
+            from crucible.attachments import prompt_attachments
             from crucible.events import Pipeline
             from crucible.renderers import printer_for
 
@@ -189,8 +190,12 @@ class _HeadlessRun:
                 pipeline = Pipeline(session, [self.printer])
                 for warning in session.warnings:
                     pipeline.notice(f"[warning] {warning}")
+                client = session.client
+                caps = client.capabilities if client is not None else None
+                blocks = await prompt_attachments(self.text, kiln=opts.kiln, cwd=opts.cwd, say=pipeline.notice,
+                                                  prompt_caps=getattr(caps, "prompt_capabilities", None))
                 self.prompt_sent = True
-                return await pipeline.turn(self.text)
+                return await pipeline.turn(self.text, blocks)
         return None  # not reached: the turn returns from inside (mypy cannot tell)
 
     def _note(self, text: str) -> None:

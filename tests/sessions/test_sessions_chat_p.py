@@ -176,3 +176,18 @@ def test_card_mode_and_model_are_applied_or_warned(chat: ChatRunner) -> None:
     assert res.returncode == 0, res.stderr
     assert "asks for mode 'yolo'; the agent offers: default, plan" in res.stderr
     assert "asks for model 'huge'; the agent offers: fast, smart" in res.stderr
+
+
+def test_a_note_mentioned_in_p_is_sent_with_the_prompt_as_in_the_chat(chat: ChatRunner) -> None:
+    # `cru completion` completes `@notes` in -p: the note named goes with the prompt, as in the chat.
+    res = chat.run(None, 'compare @"Projects/Lantern/Overview.md" with @nowhere.md, please')
+    assert res.returncode == 0, res.stderr
+    (blocks,) = [e["frame"]["params"]["prompt"] for e in chat.agent_log()
+                 if e.get("kind") == "in" and e["frame"].get("method") == "session/prompt"]
+    assert blocks[0] == {"type": "text", "text": 'compare @"Projects/Lantern/Overview.md" with @nowhere.md, please'}
+    assert blocks[1:] == [{"type": "resource", "resource": {
+        "uri": "kiln://notes/Projects/Lantern/Overview.md", "mimeType": "text/markdown",
+        "text": (chat.kiln / "Projects/Lantern/Overview.md").read_text()}}]
+    size = len((chat.kiln / "Projects/Lantern/Overview.md").read_text())
+    assert f"attached Projects/Lantern/Overview.md ({size} characters)" in res.stderr
+    assert "@nowhere.md: no such note in the kiln; sent as plain text" in res.stderr

@@ -13,11 +13,12 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 
 from acp_host.session import Decision, PermissionOption, PermissionRequest, ToolCall
+from crucible.attachments import mentions
 from crucible.errors import CrucibleError
 from crucible.permissions import ToolKey
 from crucible.sessions import PermissionAsk
 from crucible.tui.commands import parse_slash
-from crucible.tui.input import ChatCompleter, mentions
+from crucible.tui.input import ChatCompleter
 from crucible.tui.markdown import MarkdownState, render_line, wrap
 from crucible.tui.permissions import PermissionQueue, save_permission_rule
 from crucible.tui.tool_calls import diff_lines
@@ -232,6 +233,8 @@ def test_slash_commands_and_mentions() -> None:
     quit_cmd = parse_slash("/quit", [])
     assert quit_cmd is not None and quit_cmd.name == "exit"
     assert mentions('see @a/b.md and @"My Note.md", mail x@y.z') == ["a/b.md", "My Note.md"]
+    # The end of a clause is not the note's: "read @Index.md, then @Ideas." names Index.md and Ideas.
+    assert mentions("read @Index.md, then @Ideas. Also @shot.png! And @...") == ["Index.md", "Ideas", "shot.png", "..."]
 
 
 def test_completer_offers_commands_and_note_paths() -> None:
