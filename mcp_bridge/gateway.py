@@ -167,6 +167,7 @@ class Upstream:
         self.state: UpstreamState = "idle"
         self.last_error: str | None = None
         self.restarts = 0
+        self._down_said = ""  # the down line logged for the current streak of failures
         self.stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self.tools: dict[str, GatewayTool] = {}  # by prefixed name
         self.resources: list[types.Resource] = []
@@ -222,6 +223,9 @@ class Upstream:
                     self._client = client
                     self.state = "up"
                     self.last_error = None
+                    if self._down_said:
+                        self._down_said = ""
+                        logger.warning("MCP server %s is up again (restarts: %d)", self.spec.name, self.restarts)
                     self._settle()
                     delay = RETRY_FIRST
                     async with anyio.create_task_group() as tg:
@@ -234,10 +238,12 @@ class Upstream:
             finally:
                 self._client = None
             self.state = "down"
-            # Its last stderr line says why more often than the transport's error does.
-            said = next((line for line in reversed(self.stderr) if line.strip()), "")
-            logger.warning("MCP server %s is down: %s%s", self.spec.name, self.last_error,
-                           f" (its stderr: {said})" if said else "")
+            # Its last stderr line says why more often than the transport's error does. Said once
+            # while it keeps failing the same way (it is retried with backoff, for as long as it takes).
+            tail = next((line for line in reversed(self.stderr) if line.strip()), "")
+            down = f"MCP server {self.spec.name} is down: {self.last_error}" + (f" (its stderr: {tail})" if tail else "")
+            logger.log(logging.DEBUG if down == self._down_said else logging.WARNING, "%s", down)
+            self._down_said = down
             self._settle()
             if not self.spec.auto_reconnect:
                 self.state = "stopped"

@@ -79,7 +79,7 @@ class ChatUI:
         self.agent_alive = False
         self.notes: list[str] = []
         self.log_lines_held: list[str] = []  # logged while trio is not running: shown at its start, else after
-        self._log_lines_shown: set[str] = set()
+        self._log_line_shown = ""
         # trio side (set in AgentLoop.main)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
@@ -134,7 +134,7 @@ class ChatUI:
 
     def log_line(self, text: str) -> None:
         """A log line of this process, from any thread (`terminal.log_lines_to`): a notice in the
-        chat, once per text (a server that keeps failing logs the same line at every retry)."""
+        chat, not twice in a row (a line a loop repeats is one line)."""
         token = self.token
         if token is None:
             self.log_lines_held.append(text)
@@ -145,8 +145,8 @@ class ChatUI:
             self.log_lines_held.append(text)
 
     def show_log_line(self, text: str) -> None:
-        if text not in self._log_lines_shown:
-            self._log_lines_shown.add(text)
+        if text != self._log_line_shown:
+            self._log_line_shown = text
             self.notice(text)
 
     def error(self, text: str) -> None:

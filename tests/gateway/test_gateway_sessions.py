@@ -134,3 +134,23 @@ def test_a_config_error_in_mcp_servers_names_file_server_and_field(chat: Chat, e
     assert res.returncode != 0
     assert f"{path}: [[mcp.servers]] 'again': prefix: 'everything_' is already the prefix of server 'everything'" \
         in res.stderr
+
+
+def test_a_server_that_fails_then_comes_up_is_said_down_once_and_up_again(chat: Chat, tmp_path: Path) -> None:
+    # It is retried with backoff for as long as it takes: one line while it fails the same way
+    # (not one per retry on the person's stderr), one when it is back.
+    flaky, starts = tmp_path / "flaky.py", tmp_path / "starts"
+    flaky.write_text(
+        "import os, sys\n"
+        f"with open({str(starts)!r}, 'a') as f: f.write('started\\n')\n"
+        f"if len(open({str(starts)!r}).read().split()) < 3:\n"
+        "    sys.stderr.write('not ready yet\\n'); sys.exit(1)\n"
+        f"os.execv(sys.executable, [sys.executable, {str(UPSTREAM)!r}, 'stdio'])\n")
+    write_config(chat.config, f'[[mcp.servers]]\nname = "flaky"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                              f'command = "{sys.executable}"\nargs = ["{flaky}"]\n')
+    res = chat.run([{"sleep": 8}])
+    assert res.returncode == 0, res.stderr
+    assert len(starts.read_text().split()) >= 3, res.stderr
+    assert res.stderr.count("MCP server flaky is down") == 1, res.stderr
+    assert "MCP server flaky is down: MCPError: Connection closed (its stderr: not ready yet)" in res.stderr
+    assert "MCP server flaky is up again (restarts: 2)" in res.stderr
