@@ -565,8 +565,20 @@ def load_config(explicit: str | Path | None = None, env: Mapping[str, str] | Non
     return config
 
 
+def _too_wide_for_a_kiln(folder: Path) -> str:
+    """What `folder` is when it is the home folder or the filesystem's root, else ""."""
+    if folder == Path(folder.anchor):
+        return "the filesystem's root"
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError):  # no home to compare with
+        return ""
+    return "your home folder" if folder == home else ""
+
+
 def resolve_kiln(cli_kiln: str | None, config: Config, env: Mapping[str, str] | None = None) -> Path:
-    """`--kiln`, else `$CRUCIBLE_KILN`, else the config's `kiln`, else the current directory."""
+    """`--kiln`, else `$CRUCIBLE_KILN`, else the config's `kiln`, else the current directory (not
+    the home folder or the root: asked for by name, they are taken)."""
     e = _env(env)
     if cli_kiln:
         raw, how = _expand(cli_kiln), "--kiln"
@@ -576,6 +588,13 @@ def resolve_kiln(cli_kiln: str | None, config: Config, env: Mapping[str, str] | 
         raw, how = _expand(config.kiln), f"kiln in {config.source}" if config.source else "the config's kiln"
     else:
         raw, how = Path.cwd(), "the current directory"
+        where = _too_wide_for_a_kiln(raw.resolve())
+        if where:
+            # Never a guess that indexes every markdown file of the machine or of the person's home.
+            raise CrucibleError(f"no kiln chosen, and the current folder is {where}: Crucible will not take "
+                                "all of it as your notes",
+                                fix="pass --kiln ~/notes (the folder of your notes), set $CRUCIBLE_KILN, or put "
+                                    'kiln = "~/notes" in the config (cru doctor says where it is)')
     path = raw.resolve()
     if not path.exists():
         raise CrucibleError(

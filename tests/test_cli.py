@@ -145,3 +145,23 @@ def test_sys_exit_inside_a_command_keeps_its_code(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(SystemExit) as exc:
         cli.main(["doctor"])
     assert exc.value.code == 4
+
+
+def test_the_home_folder_is_never_taken_as_the_kiln_by_default(tmp_path: Path, clean_env: dict[str, str],
+                                                              cru_bin: str) -> None:
+    # `cru chat` typed in a terminal that opens in ~, with no kiln configured: indexing every
+    # markdown file of the home folder (and writing ~/.crucible) is never what was meant.
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    (home / "project" / "README.md").write_text("# a repository's readme, not a note\n")
+    env = {**clean_env, "HOME": str(home)}
+    res = subprocess.run([cru_bin, "kiln", "index"], env=env, cwd=home, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "no kiln chosen, and the current folder is your home folder" in res.stderr
+    assert "--kiln ~/notes" in res.stderr and "$CRUCIBLE_KILN" in res.stderr
+    assert not (home / ".crucible").exists()
+    # Named, it is taken (a person may keep their notes there).
+    res = subprocess.run([cru_bin, "kiln", "info", "--kiln", "~"], env=env, cwd=home, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "files: 1 (1 markdown)" in res.stdout

@@ -309,6 +309,18 @@ def test_resolve_kiln_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert resolve_kiln("../cli", Config(), {}) == tmp_path / "cli"
 
 
+def test_the_current_folder_is_not_the_kiln_when_it_is_the_home_or_the_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for folder, what in ((tmp_path, "your home folder"), (Path("/"), "the filesystem's root")):
+        monkeypatch.chdir(folder)
+        with pytest.raises(CrucibleError) as ei:
+            resolve_kiln(None, Config(), {})
+        assert what in ei.value.message and ei.value.fix and "--kiln" in ei.value.fix
+        assert resolve_kiln(str(folder), Config(), {}) == folder.resolve()  # asked for by name: taken
+        assert resolve_kiln(None, Config(kiln=folder), {}) == folder.resolve()
+
+
 def test_resolve_kiln_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(CrucibleError) as ei:
         resolve_kiln(str(tmp_path / "nowhere"), Config(), {})
