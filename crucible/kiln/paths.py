@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from crucible.errors import CrucibleError
-from crucible.private_files import private_dir
+from crucible.private_files import open_private, private_dir
 
 RESERVED_DIR = ".crucible"
 # The built-in vector store of a kiln (a Chroma server, `[index] url`, keeps it elsewhere).
@@ -42,7 +42,23 @@ def reserved_dir(root: Path) -> Path:
             "there and does not write through a link (it may lead out of the kiln)",
             f"remove the link (`rm {RESERVED_DIR}` in the kiln's folder); Crucible makes the folder again",
         )
-    return private_dir(folder, own_up_to=folder)
+    made = private_dir(folder, own_up_to=folder)
+    _ignore_for_git(made)
+    return made
+
+
+# What Crucible writes in `.crucible` is rebuilt from the notes: a kiln kept in git (as many
+# vaults are) must not commit a vector store of its notes' text. The cards there are not listed.
+_GITIGNORE = ("# Written by Crucible: its index of this kiln, rebuilt from the notes (cards in agents/ are yours).\n"
+              ".gitignore\nchroma/\nlexical-*.json\nproperties.json\nindex.lock\nindex-build.json\n")
+
+
+def _ignore_for_git(folder: Path) -> None:
+    try:
+        with open_private(folder / ".gitignore", "x") as f:
+            f.write(_GITIGNORE)
+    except OSError:  # there already (the person's own is kept), or a read-only kiln
+        pass
 
 
 # "C:/x" or "C:\\x" (backslashes are already slashes when this is checked); "Q: notes.md" is a name.

@@ -356,3 +356,26 @@ def test_search_says_when_not_all_the_kiln_was_searched_by_meaning(
     assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln)).returncode == 0
     data, said = search()
     assert data["index"] == {"embedded": 1.0, "notes": 4} and said == ""
+
+
+def test_a_kiln_kept_in_git_shows_nothing_new_after_indexing(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path
+) -> None:
+    # A vault in git must not be offered a vector store of its notes' text to commit; a card the
+    # person keeps in .crucible/agents/ stays theirs to commit.
+    (tiny_kiln / ".crucible" / "agents").mkdir(parents=True)
+    (tiny_kiln / ".crucible" / "agents" / "mine.md").write_text("---\nname: mine\n---\nBe brief.\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tiny_kiln,
+                              capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "notes")
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 0, done.stderr
+    assert (tiny_kiln / ".crucible" / "chroma").is_dir()
+    assert git("status", "--porcelain", "--untracked-files=all") == ""
+    (tiny_kiln / ".crucible" / "agents" / "other.md").write_text("---\nname: other\n---\nBe kind.\n")
+    assert git("status", "--porcelain", "--untracked-files=all") == "?? .crucible/agents/other.md\n"
