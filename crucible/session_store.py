@@ -363,8 +363,9 @@ class SessionStore:
         return sorted(out, key=lambda m: m.updated, reverse=True)
 
     def conversations(self, *, include_empty: bool = False, include_children: bool = False) -> builtins.list[Conversation]:
-        """The conversations, newest first: a chain of entries is one; those without a single
-        turn are left out unless `include_empty`, delegated children unless `include_children`."""
+        """The conversations, newest first: a chain of entries is one; those where nothing was
+        said (`Conversation.said`: a first prompt counts, though its turn was killed midway) are
+        left out unless `include_empty`, delegated children unless `include_children`."""
         metas = {m.id: m for m in self.list()}
         groups: dict[str, list[SessionMeta]] = {}
         for meta in metas.values():
@@ -375,7 +376,7 @@ class SessionStore:
             conv = Conversation(entries)
             if not include_children and conv.entries[0].parent is not None:
                 continue
-            if not include_empty and conv.turns == 0:
+            if not include_empty and not conv.said:
                 continue
             out.append(conv)
         return sorted(out, key=lambda c: c.updated, reverse=True)

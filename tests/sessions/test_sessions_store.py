@@ -52,6 +52,26 @@ def test_cru_session_commands(cru_bin: str, clean_env: dict[str, str], tmp_path:
     assert res.returncode == 1 and "no saved session 'nope'" in res.stderr and "cru session list" in res.stderr
 
 
+def test_a_conversation_whose_first_turn_was_killed_midway_is_listed(
+        cru_bin: str, clean_env: dict[str, str]) -> None:
+    # `cru chat` killed (-9, a closed terminal) while the agent answered its first prompt: the
+    # person looks for that conversation in `cru session list`, not only in `--all`.
+    store = SessionStore(Path(clean_env["XDG_DATA_HOME"]) / "crucible" / "sessions")
+    writer = store.create(SessionMeta(id="20261203-100000-cccccc", agent="claude", created=1, updated=1, cwd="/p"))
+    writer.append({"type": "user_message", "text": "summarize my garden notes"})
+    writer.append({"type": "agent_message", "text": "Working on it"})
+    writer.flush()  # and no turn_end, no close: the process is gone
+    store.create(SessionMeta(id="20261203-100001-dddddd", agent="claude", created=2, updated=2, cwd="/p")).close()
+    out = subprocess.run([cru_bin, "session", "list"], env=clean_env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.splitlines() == [line for line in out.splitlines() if "cccccc" in line] != []
+    assert "turns=0  summarize my garden notes" in out  # said, though no turn ended
+    shown = subprocess.run([cru_bin, "session", "show", "cccccc"], env=clean_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "summarize my garden notes" in shown and "Working on it" in shown
+    writer.close()
+
+
 def test_show_marks_a_resume_only_after_something_was_said(
         cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
     """An editor's client (acpx) creates a session in one `cru acp` and prompts from the next,
