@@ -204,7 +204,7 @@ class Upstream:
             what = f"MCP server '{self.spec.name}' is down (restarting, attempt {self.restarts + 1})"
         tail = [line for line in self.stderr if line.strip()][-5:]
         stderr = ("; its last stderr lines: " + " | ".join(tail)) if tail else ""
-        return self.redact.text(f"{what}: {why}{stderr}")
+        return _home_as_tilde(self.redact.text(f"{what}: {why}{stderr}"))  # an agent reads it
 
     # -- the supervisor ----------------------------------------------------------------------
 
@@ -241,7 +241,8 @@ class Upstream:
             # Its last stderr line says why more often than the transport's error does. Said once
             # while it keeps failing the same way (it is retried with backoff, for as long as it takes).
             tail = next((line for line in reversed(self.stderr) if line.strip()), "")
-            down = f"MCP server {self.spec.name} is down: {self.last_error}" + (f" (its stderr: {tail})" if tail else "")
+            down = _home_as_tilde(f"MCP server {self.spec.name} is down: {self.last_error}"
+                                  + (f" (its stderr: {tail})" if tail else ""))
             logger.log(logging.DEBUG if down == self._down_said else logging.WARNING, "%s", down)
             self._down_said = down
             self._settle()
@@ -373,7 +374,7 @@ class Upstream:
                 *lines, buffer = (buffer + chunk).split(b"\n")
                 buffer = buffer[-STDERR_LINE_MAX:]
                 for line in lines:
-                    text = self.redact.text(line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_MAX])
+                    text = _home_as_tilde(self.redact.text(line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_MAX]))
                     if text:
                         self.stderr.append(text)
                         logger.debug("%s stderr: %s", self.spec.name, text)
@@ -381,7 +382,7 @@ class Upstream:
             pass
         finally:
             if buffer.strip():
-                self.stderr.append(self.redact.text(buffer.decode("utf-8", "replace")[:STDERR_LINE_MAX]))
+                self.stderr.append(_home_as_tilde(self.redact.text(buffer.decode("utf-8", "replace")[:STDERR_LINE_MAX])))
             drained.set()
             with anyio.CancelScope(shield=True):
                 await reader.aclose()
@@ -571,6 +572,13 @@ def _template_matches(template: str, uri: str) -> bool:
     parts = re.split(r"\{[^}]*\}", template)
     pattern = "[^?#]+?".join(re.escape(p) for p in parts)
     return re.fullmatch(pattern, uri) is not None
+
+
+def _home_as_tilde(text: str) -> str:
+    """`text` with the home folder as `~`: a server's stderr (a traceback's paths) and the
+    command that failed are told to the agent when it calls a server that is down."""
+    home = os.path.expanduser("~")
+    return text.replace(home, "~") if len(home) > 1 and home in text else text
 
 
 def _describe(exc: BaseException, spec: UpstreamSpec) -> str:

@@ -154,3 +154,19 @@ def test_a_server_that_fails_then_comes_up_is_said_down_once_and_up_again(chat: 
     assert res.stderr.count("MCP server flaky is down") == 1, res.stderr
     assert "MCP server flaky is down: MCPError: Connection closed (its stderr: not ready yet)" in res.stderr
     assert "MCP server flaky is up again (restarts: 2)" in res.stderr
+
+
+def test_a_down_servers_error_tells_the_agent_no_path_of_the_home_folder(chat: Chat, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "servers").mkdir(parents=True)
+    broken = home / "servers" / "broken.py"
+    broken.write_text("import sys\nsys.stderr.write(f'Traceback: File \"{__file__}\", line 2\\n')\nsys.exit(1)\n")
+    chat.env["HOME"] = str(home)
+    write_config(chat.config, f'[[mcp.servers]]\nname = "broken"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                              f'command = "{sys.executable}"\nargs = ["{broken}"]\n[permissions]\n"broken_*" = "allow"\n')
+    res = chat.run([call("broken_anything", {}, "down")])
+    assert res.returncode == 0, res.stderr
+    told = json.dumps(chat.result_of("down"))
+    assert "MCP server 'broken' is down" in told and 'File \\"~/servers/broken.py\\", line 2' in told, told
+    assert str(home) not in told
+    assert 'File "~/servers/broken.py", line 2' in res.stderr and str(home) not in res.stderr
