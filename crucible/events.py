@@ -94,9 +94,11 @@ ChildEventHook = Callable[[ChildEvent], None]
 @dataclass(frozen=True, slots=True)
 class Notice:
     """What the session tells the person outside the agent's stream (a bridge-side permission
-    answer, a warning)."""
+    answer, a warning). `permission`: (title, decision, reason) when it is a decision Crucible
+    asked or made itself, for a screen that draws those as it draws the agent's asks."""
 
     text: str
+    permission: tuple[str, str, str] | None = None
 
 
 # -- renderers ----------------------------------------------------------------------------------
@@ -393,6 +395,7 @@ class Pipeline:
         self.session = session
         self.renderers = list(renderers)
         session.on_notice = self.notice
+        session.on_permission = self.permission_notice
         session.on_child_event = self.child
 
     def fan_out(self, events: Sequence[Any]) -> None:
@@ -401,6 +404,9 @@ class Pipeline:
 
     def notice(self, text: str) -> None:
         self.fan_out((Notice(text),))
+
+    def permission_notice(self, title: str, decision: str, reason: str) -> None:
+        self.fan_out((Notice(f"[permission] {title}: {decision} ({reason})", (title, decision, reason)),))
 
     def child(self, event: ChildEvent) -> None:
         self.fan_out((event,))

@@ -370,6 +370,7 @@ class CrucibleSession:
         self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
         # Told of what happens outside the ACP event stream (the bridge asking the person).
         self.on_notice: Callable[[str], None] | None = None
+        self.on_permission: Callable[[str, str, str], None] | None = None  # (title, decision, reason)
         self.resumed_natively = False  # the agent loaded its own history (session/load|resume)
         self.previous: SessionMeta | None = None  # the saved session this one goes on from, as it was
         self.failure: Failure | None = None  # the known cause of the last failed turn
@@ -465,8 +466,14 @@ class CrucibleSession:
         return decision.reason or "refused"
 
     def _tell_refusal(self, kind: str, summary: str, reason: str) -> None:
-        if self.on_notice is not None:
-            self.on_notice(f"[permission] {kind} {summary}: refused ({reason})")
+        self._tell_permission(f"{kind} {summary}", "refused", reason)
+
+    def _tell_permission(self, title: str, decision: str, reason: str) -> None:
+        """A decision Crucible asked or made itself (not through the agent's ACP request)."""
+        if self.on_permission is not None:
+            self.on_permission(title, decision, reason)
+        elif self.on_notice is not None:
+            self.on_notice(f"[permission] {title}: {decision} ({reason})")
 
     def warn(self, message: str) -> None:
         """Something the person should know that does not stop the session; saved with it."""
@@ -517,8 +524,7 @@ class CrucibleSession:
             self.policy.remember(tool, "deny")
         self.writer.append({"type": "permission", "title": tool, "decision": decision.kind,
                             "reason": decision.reason, "via": "bridge"})
-        if self.on_notice is not None:
-            self.on_notice(f"[permission] {tool}: {decision.kind} ({decision.reason}; asked by the bridge)")
+        self._tell_permission(tool, decision.kind, f"{decision.reason}; asked by the bridge")
         return decision.kind.startswith("allow")
 
     def terminal_output(self, terminal_id: str) -> str | None:

@@ -117,7 +117,7 @@ class Feed(Renderer):
         call = event.request.tool_call
         bridge = bridge_call(call)
         title = bridge.title if bridge is not None else call.title or call.tool_call_id
-        self.add_notice(f"permission: {title} → {decision}" + (f" ({reason})" if reason else ""))
+        self.add_notice(_permission_text(title, decision, reason))
 
     def turn_ended(self, event: TurnEnded) -> None:
         self.end_text()
@@ -126,7 +126,8 @@ class Feed(Renderer):
         self.add_notice(event.message, "class:error")
 
     def notice(self, event: Notice) -> None:
-        self.add_notice(event.text)
+        # A decision Crucible asked itself reads as one the agent asked for.
+        self.add_notice(_permission_text(*event.permission) if event.permission else event.text)
 
 
 class ChatFeed(Feed):
@@ -225,3 +226,6 @@ class ChatFeed(Feed):
     def child(self, event: ChildEvent) -> None:
         self.ui.children.show(event)
 
+
+def _permission_text(title: str, decision: str, reason: str) -> str:
+    return f"permission: {title} → {decision}" + (f" ({reason})" if reason else "")

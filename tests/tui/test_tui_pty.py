@@ -482,8 +482,11 @@ def test_a_bridge_side_ask_goes_through_the_same_dialog(tui: TuiRunner, kiln: Pa
     screen.wait_for("all done")
     assert (kiln / "inbox" / "bridge.md").read_text() == "# Via the bridge\n"
     assert not (kiln / "inbox" / "refused.md").exists()
-    shown = screen.wait_for("create_note: reject_once")
-    assert "create_note: allow_once (the person chose allow once" in shown
+    # Drawn as a decision on an agent's own ask is (not a "[permission]" line of -p's stderr).
+    shown = screen.wait_for("permission: create_note → reject_once")
+    assert screen.shows("permission: create_note → allow_once (the person chose allow once; asked by the bridge)",
+                        shown)
+    assert "[permission]" not in shown
     leave(screen)
 
 
