@@ -200,6 +200,9 @@ class Upstream:
             what = f"MCP server '{self.spec.name}' is down and will not be restarted (auto_reconnect = false)"
         elif self.state == "idle":
             what = f"MCP server '{self.spec.name}' has not started yet"
+        elif self.state == "starting" and not self.restarts and not self.first_settled:
+            return (f"MCP server '{self.spec.name}' is still starting (its first connection is not up yet, so "
+                    "its tools are not listed); try again in a moment")
         else:
             what = f"MCP server '{self.spec.name}' is down (restarting, attempt {self.restarts + 1})"
         tail = [line for line in self.stderr if line.strip()][-5:]

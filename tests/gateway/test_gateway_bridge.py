@@ -373,3 +373,22 @@ async def test_a_server_that_cannot_start_is_reported_and_the_rest_work(kiln: Pa
 
 def _children() -> list[str]:
     return [cmdline(p) for p in children_of(os.getpid())]
+
+
+async def test_a_call_before_a_slow_servers_first_listing_says_it_is_starting(kiln: Path, tmp_path: Path) -> None:
+    # The first tools/list waits `startup_wait` for the servers; one slower than that is listed
+    # later (list_changed). An agent that calls its tool meanwhile is told it is starting, not down.
+    slow = tmp_path / "slow_upstream.py"
+    slow.write_text(f"import runpy, sys, time\ntime.sleep(3)\nsys.argv = [{str(UPSTREAM)!r}, 'stdio']\n"
+                    f"runpy.run_path({str(UPSTREAM)!r}, run_name='__main__')\n")
+    spec = everything_spec([sys.executable, str(slow)], name="slow", prefix="slow_")
+    async with running(spec, startup_wait=0.5) as gw:
+        async with Client(bridge_for(kiln, gw).server, mode="legacy") as c:
+            assert not [t for t in (await c.list_tools()).tools if t.name.startswith("slow_")]
+            early = await c.call_tool("slow_add", {"a": 1, "b": 2})
+            assert early.is_error
+            assert texts(early) == ("MCP server 'slow' is still starting (its first connection is not up yet, "
+                                    "so its tools are not listed); try again in a moment")
+            with trio.fail_after(30):
+                await gw.upstreams["slow"].settled()
+            assert texts(await c.call_tool("slow_add", {"a": 1, "b": 2})) == "3"
