@@ -21,7 +21,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.index import STORE_DIR, IndexProgress, IndexReport, KilnIndex
 from crucible.kiln.lexical import LexicalView, load_lexical
 from crucible.kiln.model_store import ensure_model_for
-from crucible.kiln.paths import RESERVED_DIR, kiln_sizes, reserved_dir
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search, words_search
 from crucible.kiln.writer_status import build_status, other_cru, stopped_hint, wait_while_stopped
 from mcp_bridge.kiln_api import SearchHit
@@ -218,6 +218,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         if mode in ("semantic", "hybrid"):
             index = _open_existing(root, config)
             if index.count_notes() == 0:
+                if next(iter_markdown(root), None) is None:  # indexed, and nothing to index
+                    raise CrucibleError("the kiln has no notes: no markdown (.md) file in it",
+                                        "add notes, or point --kiln (or $CRUCIBLE_KILN, or `kiln =` in the config) "
+                                        "at the folder that holds yours")
                 raise CrucibleError("the kiln's index is empty", "cru kiln index")
         results = run_search(
             mode, root, index, args.query, args.limit,

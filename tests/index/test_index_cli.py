@@ -379,3 +379,16 @@ def test_a_kiln_kept_in_git_shows_nothing_new_after_indexing(
     assert git("status", "--porcelain", "--untracked-files=all") == ""
     (tiny_kiln / ".crucible" / "agents" / "other.md").write_text("---\nname: other\n---\nBe kind.\n")
     assert git("status", "--porcelain", "--untracked-files=all") == "?? .crucible/agents/other.md\n"
+
+
+def test_searching_a_kiln_without_notes_says_so_not_to_index_it(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "todo.txt").write_text("not a note")
+    assert cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(empty)).returncode == 0
+    found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(empty), "anything")
+    assert found.returncode == 1
+    assert "the kiln has no notes: no markdown (.md) file in it" in found.stderr
+    assert "cru kiln index" not in found.stderr  # it was just indexed: that is not the fix
