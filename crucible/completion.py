@@ -73,8 +73,12 @@ def notes(prefix: str, parsed_args: argparse.Namespace) -> list[str]:
     if not word.startswith("@"):
         return []
     lead = f"{head} @" if head else "@"
+    try:
+        kiln = _kiln(parsed_args)
+    except Exception:  # noqa: BLE001 - no kiln here (none chosen in the home folder): nothing to offer
+        return []
     out = []
-    for rel in iter_markdown(_kiln(parsed_args)):
+    for rel in iter_markdown(kiln):
         if rel.startswith(word[1:]):
             out.append(lead + rel)
             if len(out) >= MAX_NOTES:

@@ -108,6 +108,17 @@ def test_a_broken_config_completes_nothing_rather_than_failing(bash_script: Path
     assert _bash_complete(bash_script, "cru ses", machine, tmp_path) == ["session"]
 
 
+def test_no_notes_are_walked_for_a_tab_in_the_home_folder_with_no_kiln_chosen(
+        bash_script: Path, machine: dict[str, str], tmp_path: Path) -> None:
+    # HOME is tmp_path here: with no kiln configured, the home folder is not the kiln (a TAB must
+    # not walk every markdown file of it); completing still works.
+    config = Path(machine["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+    config.write_text(config.read_text().replace(f'kiln = "{tmp_path / "notes"}"\n', ""))
+    assert _bash_complete(bash_script, "cru chat -p @", machine, tmp_path) == []
+    assert _bash_complete(bash_script, f"cru chat --kiln {tmp_path / 'notes'} -p @proj", machine, tmp_path) == [
+        "projects/alpha.md", "projects/beta.md"]
+
+
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed here (apt-get install fish)")
 def test_fish_completes_agents_sessions_and_notes_through_the_script(tmp_path: Path, cru_bin: str, machine: dict[str, str]) -> None:
     script = tmp_path / "cru.fish"
