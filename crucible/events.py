@@ -176,6 +176,11 @@ class Renderer:
 Renderer._table = {kind: getattr(Renderer, name) for kind, name in HANDLERS.items()}
 
 
+def permission_line(title: str, decision: str, reason: str) -> str:
+    """A permission decision as a line of text (`-p`'s stderr): `[permission] TITLE: DECISION (why)`."""
+    return f"[permission] {title}: {decision} ({reason})"
+
+
 def permission_decision(event: PermissionResolved) -> tuple[str, str]:
     """What was decided on a permission request, and why: for every renderer alike."""
     if event.decision is not None:
@@ -406,7 +411,7 @@ class Pipeline:
         self.fan_out((Notice(text),))
 
     def permission_notice(self, title: str, decision: str, reason: str) -> None:
-        self.fan_out((Notice(f"[permission] {title}: {decision} ({reason})", (title, decision, reason)),))
+        self.fan_out((Notice(permission_line(title, decision, reason), (title, decision, reason)),))
 
     def child(self, event: ChildEvent) -> None:
         self.fan_out((event,))

@@ -33,6 +33,7 @@ from crucible.events import (
     Renderer,
     ReplayFilter,
     permission_decision,
+    permission_line,
     shown_tool_call,
 )
 from crucible.kiln_calls import bridge_call
@@ -72,10 +73,9 @@ def tool_line(event: ToolCallEvent) -> str:
     return f"[tool] {title} ({c.kind or 'other'}): {c.status or 'pending'}"
 
 
-def permission_line(event: PermissionResolved) -> str:
+def resolved_line(event: PermissionResolved) -> str:
     decision, reason = permission_decision(event)
-    title = event.request.tool_call.title or event.request.tool_call.tool_call_id
-    return f"[permission] {title}: {decision} ({reason})"
+    return permission_line(event.request.tool_call.title or event.request.tool_call.tool_call_id, decision, reason)
 
 
 class ChildLines:
@@ -107,7 +107,7 @@ class ChildLines:
             if shown_tool_call(e):
                 self.line(ev.label, tool_line(e))
         elif isinstance(e, PermissionResolved):
-            self.line(ev.label, permission_line(e))
+            self.line(ev.label, resolved_line(e))
         elif isinstance(e, SessionError):
             self.line(ev.label, f"[error] {e.message}")
         elif isinstance(e, TurnEnded):
@@ -175,7 +175,7 @@ class TextPrinter(Renderer):
                        "`cru session show` prints it)")
 
     def permission(self, event: PermissionResolved) -> None:
-        self._line(permission_line(event))
+        self._line(resolved_line(event))
 
     def error(self, event: SessionError) -> None:
         self._line(f"[error] {event.message}")

@@ -368,7 +368,8 @@ class CrucibleSession:
         # ACP tool kind (execute, edit) -> fs/terminal requests the person approved this turn
         self._service_preapproved: dict[str, int] = {}
         self.preamble_pending = True  # the card body (and a resumed conversation) go with the next prompt
-        # Told of what happens outside the ACP event stream (the bridge asking the person).
+        # Told of what happens outside the ACP event stream (the bridge asking the person); set
+        # by the session's events.Pipeline.
         self.on_notice: Callable[[str], None] | None = None
         self.on_permission: Callable[[str, str, str], None] | None = None  # (title, decision, reason)
         self.resumed_natively = False  # the agent loaded its own history (session/load|resume)
@@ -472,8 +473,6 @@ class CrucibleSession:
         """A decision Crucible asked or made itself (not through the agent's ACP request)."""
         if self.on_permission is not None:
             self.on_permission(title, decision, reason)
-        elif self.on_notice is not None:
-            self.on_notice(f"[permission] {title}: {decision} ({reason})")
 
     def warn(self, message: str) -> None:
         """Something the person should know that does not stop the session; saved with it."""
