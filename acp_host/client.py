@@ -25,7 +25,7 @@ from acp import schema
 from pydantic import BaseModel, ValidationError
 
 from acp_host.jsonrpc import ConnectionClosed, JsonRpcError, JsonRpcPeer
-from acp_host.process import AgentProcess, AgentStartError
+from acp_host.process import AgentProcess, AgentStartError, how_it_ended
 from acp_host.recording import Recorder
 from acp_host.services import SessionServices
 from acp_host.session import (
@@ -168,7 +168,7 @@ class AcpClient:
         if proc.returncode is None:
             text = f"the agent {agent} closed its output {when}"
         else:
-            text = f"the agent {agent} exited {when} with exit code {proc.returncode}"
+            text = f"the agent {agent} {how_it_ended(proc.returncode)} {when}"
         tail = proc.stderr_tail().strip()
         return f"{text}; its last stderr output:\n{tail}" if tail else f"{text} (no stderr output)"
 
@@ -486,7 +486,7 @@ async def connect_agent(
         with trio.move_on_after(2):
             await process.exited.wait()
         code = process.returncode
-        failure = f"the agent `{command}` exited" + (f" with exit code {code}" if code is not None else "")
+        failure = f"the agent `{command}` " + (how_it_ended(code) if code is not None else "exited")
         failure += " before answering initialize"
     except JsonRpcError as e:
         failure = f"the agent `{command}` refused initialize: {e.message} (code {e.code})"

@@ -586,6 +586,21 @@ async def test_agent_exit_reaches_idle_sessions(scripted: Scripted, tmp_path: Pa
     assert "out of memory" in event.message  # type: ignore[union-attr]
 
 
+async def test_an_agent_killed_by_a_signal_is_said_killed_not_a_negative_exit_code(
+    scripted: Scripted, tmp_path: Path
+) -> None:
+    argv = scripted.argv({"prompts": [[{"text": "hi"}], [{"crash": {"signal": "SIGKILL"}}]]})
+    async with connected(argv) as client:
+        session = await client.new_session(tmp_path)
+        await run_turn(session, "go")
+        idle = await client.new_session(tmp_path)
+        result, _ = await run_turn(session, "again")
+        event = await idle.events.receive()
+    assert result.error is not None and "was killed by SIGKILL" in result.error, result.error
+    message = event.message  # type: ignore[union-attr]
+    assert "was killed by SIGKILL between turns" in message and "-9" not in message, message
+
+
 async def test_malformed_mcp_server_entry_is_an_error(scripted: Scripted, tmp_path: Path) -> None:
     async with connected(scripted.argv({})) as client:
         with pytest.raises(ValueError, match=r"mcpServers\[0\] \(kiln\): args"):
