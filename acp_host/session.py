@@ -433,6 +433,34 @@ class SessionState:
         """Config options of category "model" (session/set_model is gone from the spec)."""
         return tuple(o for o in self.config_options if getattr(o, "category", None) == "model")
 
+    @property
+    def mode_option(self) -> Any | None:
+        """The config option of category "mode", where an agent offers its modes (OpenCode
+        since 1.x: build / plan) instead of the older `modes` of session/new."""
+        return next((o for o in self.config_options if getattr(o, "category", None) == "mode"), None)
+
+    @property
+    def mode_choices(self) -> tuple[schema.SessionMode, ...]:
+        """The agent's modes, whichever way it offers them: its `modes`, else the values of
+        its mode option (grouped values flattened)."""
+        if self.modes or self.mode_option is None:
+            return self.modes
+        choices: list[schema.SessionMode] = []
+        for item in getattr(self.mode_option, "options", None) or ():
+            for value in (getattr(item, "options", None) or [item]):
+                if isinstance(getattr(value, "value", None), str):
+                    choices.append(schema.SessionMode(id=value.value, name=value.name,
+                                                      description=getattr(value, "description", None)))
+        return tuple(choices)
+
+    @property
+    def mode_now(self) -> str | None:
+        """The current mode's id, from `modes` or from the mode option."""
+        if self.modes or self.mode_option is None:
+            return self.current_mode
+        value = getattr(self.mode_option, "current_value", None)
+        return value if isinstance(value, str) else None
+
 
 @dataclass
 class _Turn:
@@ -873,6 +901,15 @@ class AcpSession:
         params = schema.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
         await self._conn.request("session/set_mode", dump(params))
         self.state.current_mode = mode_id
+
+    async def switch_mode(self, mode_id: str) -> None:
+        """To mode `mode_id` of `state.mode_choices`: session/set_mode for an agent that offers
+        `modes`, else its mode option set to that value."""
+        option = self.state.mode_option
+        if self.state.modes or option is None:
+            await self.set_mode(mode_id)
+        else:
+            await self.set_config_option(option.id, mode_id)
 
     async def set_config_option(self, config_id: str, value: str | bool) -> tuple[Any, ...]:
         """Set a config option (a model is a select option of category "model"); returns

@@ -836,22 +836,19 @@ async def _apply_requested_settings(session: CrucibleSession, acp: AcpSession) -
 
 
 async def set_mode(acp: AcpSession, wanted: str) -> str | None:
-    """Switch the agent to mode `wanted` (its modes, else its config option of category mode).
-    None when done, else what went wrong, with what the agent offers."""
-    ids = [m.id for m in acp.state.modes]
-    option = next((o for o in acp.state.config_options if getattr(o, "category", None) == "mode"), None)
-    values = _option_values(option)
+    """Switch the agent to mode `wanted` (its modes, else its config option of category mode;
+    an id or the one mode of that name). None when done, else what went wrong, with what the
+    agent offers."""
+    choices = acp.state.mode_choices
+    ids = [m.id for m in choices]
+    chosen = _pick(wanted, ids, {m.id: m.name for m in choices})
+    if chosen is None:
+        return f"the agent offers: {', '.join(ids) or 'no modes'}"
     try:
-        if wanted in ids:
-            await acp.set_mode(wanted)
-            return None
-        chosen = _pick(wanted, values, _option_names(option))
-        if option is not None and chosen is not None:
-            await acp.set_config_option(option.id, chosen)
-            return None
+        await acp.switch_mode(chosen)
     except JsonRpcError as exc:
         return f"the agent refused it: {exc.message}"
-    return f"the agent offers: {', '.join(ids or values) or 'no modes'}"
+    return None
 
 
 async def set_model(acp: AcpSession, wanted: str) -> str | None:

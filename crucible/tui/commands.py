@@ -163,14 +163,14 @@ class Commands:
 
     async def do_mode(self, args: str) -> None:
         acp = self._acp()
-        if acp is None or not acp.state.modes:
+        if acp is None or not acp.state.mode_choices:
             self.ui.notice("the agent offers no modes")
             return
         if not args:
             lines = ["Modes (/mode ID, Shift-Tab cycles):"]
-            for mode in acp.state.modes:
-                mark = "*" if mode.id == acp.state.current_mode else " "
-                lines.append(f" {mark} {mode.id}  {sanitize(mode.name)}"
+            for mode in acp.state.mode_choices:
+                mark = "*" if mode.id == acp.state.mode_now else " "
+                lines.append(f" {mark} {sanitize(mode.id)}  {sanitize(mode.name)}"
                              + (f" — {sanitize(mode.description)}" if mode.description else ""))
             self.ui.notice("\n".join(lines))
             return
@@ -180,24 +180,24 @@ class Commands:
         acp = self._acp()
         if acp is None:
             return
-        if mode_id not in {m.id for m in acp.state.modes}:
-            self.ui.error(f"no mode {mode_id}: /mode lists them")
+        if mode_id not in {m.id for m in acp.state.mode_choices}:
+            self.ui.error(f"no mode {sanitize(mode_id)}: /mode lists them")
             return
         try:
-            await acp.set_mode(mode_id)
+            await acp.switch_mode(mode_id)
         except Exception as exc:  # the agent's refusal is shown, the chat goes on
-            self.ui.error(f"the agent refused mode {mode_id}: {exc}")
+            self.ui.error(f"the agent refused mode {sanitize(mode_id)}: {exc}")
             return
-        self.ui.say_flash(f"mode: {mode_id}")
+        self.ui.say_flash(f"mode: {sanitize(mode_id)}")
 
     async def cycle_mode(self) -> None:
         acp = self._acp()
-        if acp is None or not acp.state.modes:
+        if acp is None or not acp.state.mode_choices:
             self.ui.say_flash("the agent offers no modes")
             return
-        modes = list(acp.state.modes)
+        modes = list(acp.state.mode_choices)
         ids = [m.id for m in modes]
-        current = acp.state.current_mode
+        current = acp.state.mode_now
         index = (ids.index(current) + 1) % len(ids) if current in ids else 0
         if bypasses_permissions(modes[index]):
             self.ask_bypass(modes, index)
@@ -208,7 +208,7 @@ class Commands:
         """Shift-Tab reached a mode that runs tools without asking: switch only if the person says so."""
         mode = modes[index]
         acp = self._acp()
-        current = acp.state.current_mode if acp is not None else None
+        current = acp.state.mode_now if acp is not None else None
         after = next((m.id for m in modes[index + 1:] + modes[:index] if not bypasses_permissions(m)), None)
         ui = self.ui
         choices = {"y": (f"switch to {sanitize(mode.id)}", lambda: ui.to_trio(self.set_mode, mode.id))}

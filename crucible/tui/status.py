@@ -121,8 +121,8 @@ class StatusBar:
         parts = ["waiting for your answer" if waiting else state, self.label]
         if acp is not None:
             st = acp.state
-            if st.current_mode:
-                parts.append(f"mode: {sanitize(st.current_mode)}")
+            if st.mode_now:
+                parts.append(f"mode: {sanitize(st.mode_now)}")
             for option in st.models[:1]:
                 parts.append(f"model: {sanitize(str(getattr(option, 'current_value', '')))}")
         if self.context is not None:

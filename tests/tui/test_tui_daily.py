@@ -445,6 +445,34 @@ def test_shift_tab_asks_before_a_mode_that_bypasses_permissions(tui: TuiRunner) 
     leave(screen)
 
 
+# OpenCode 1.x offers its modes only as a config option of category "mode", no `modes`.
+MODE_OPTION: dict[str, Any] = {"new_session": {"result": {"configOptions": [
+    {"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": "fake/fast",
+     "options": [{"value": "fake/fast", "name": "Fast"}]},
+    {"id": "mode", "name": "Session Mode", "category": "mode", "type": "select", "currentValue": "build",
+     "options": [{"value": "build", "name": "build", "description": "The default agent."},
+                 {"value": "plan", "name": "plan", "description": "Plan mode. Disallows all edit tools."}]}]}}}
+
+
+def test_modes_offered_as_a_config_option_are_shown_listed_and_cycled(tui: TuiRunner) -> None:
+    screen = tui.open(MODE_OPTION)
+    screen.wait_for(lambda s: "ready" in status_row(s) and "mode: build" in status_row(s))
+    screen.send(SHIFT_TAB)
+    screen.wait_for(lambda s: "mode: plan" in status_row(s))
+    sets = agent_frames(tui, "session/set_config_option")
+    assert [(f["params"]["configId"], f["params"]["value"]) for f in sets] == [("mode", "plan")]
+    assert agent_frames(tui, "session/set_mode") == []
+    screen.type_line("/mode")
+    screen.wait_all("Modes (/mode ID, Shift-Tab cycles):", "* plan", "Disallows all edit tools")
+    screen.type_line("/mode build")
+    screen.wait_for(lambda s: "mode: build" in status_row(s))
+    leave(screen)
+    # --mode picks from the same offer
+    screen = tui.open(MODE_OPTION, "--mode", "plan")
+    screen.wait_for(lambda s: "ready" in status_row(s) and "mode: plan" in status_row(s))
+    leave(screen)
+
+
 OFFERS: dict[str, Any] = {"new_session": {"result": {
     "modes": {"currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"},
                                                              {"id": "plan", "name": "Plan"}]},
