@@ -170,7 +170,8 @@ class Commands:
             lines = ["Modes (/mode ID, Shift-Tab cycles):"]
             for mode in acp.state.mode_choices:
                 mark = "*" if mode.id == acp.state.mode_now else " "
-                lines.append(f" {mark} {sanitize(mode.id)}  {sanitize(mode.name)}"
+                named = f"  {sanitize(mode.name)}" if mode.name != mode.id else ""  # OpenCode: id = name
+                lines.append(f" {mark} {sanitize(mode.id)}{named}"
                              + (f" — {sanitize(mode.description)}" if mode.description else ""))
             self.ui.notice("\n".join(lines))
             return
