@@ -479,7 +479,7 @@ class JobView(Renderer):
             if kind is MessageChunk:
                 job.parts.append(event.text)
             elif kind is Notice:
-                event = ChildStatus("notice", event.text)
+                event = ChildStatus("notice", event.text, permission=event.permission)
             emit(ChildEvent(job.label, job.id, self.child_id, self.depth, event))
 
 

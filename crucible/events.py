@@ -75,6 +75,9 @@ class ChildStatus:
     # With "started": what a terminal of the child printed so far, by terminal id, for as long
     # as the child runs (the TUI draws a child's terminal output from it).
     terminal_output: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
+    # With "notice": the child's `Notice.permission`, so its section draws a decision Crucible
+    # asked itself as it draws the child agent's own asks.
+    permission: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True)

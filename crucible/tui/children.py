@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from acp_host.session import ToolCall
-from crucible.events import ChildEvent, ChildStatus
+from crucible.events import ChildEvent, ChildStatus, Notice
 from crucible.permissions import tool_key_from_acp
 from crucible.terminal import sanitize
 from crucible.tui.feed import Feed
@@ -94,7 +94,7 @@ class ChildSection(Entry):
         if event.status == "started":
             self.feed.terminal_text = event.terminal_output  # read while the child runs
         elif event.status == "notice":
-            self.feed.add_notice(event.detail)
+            self.feed.notice(Notice(event.detail, event.permission))
         elif event.status == "finished":
             self.feed.terminal_text = None  # the child's session is closing: hold nothing of it
             self.feed.end_text()

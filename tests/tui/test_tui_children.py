@@ -194,6 +194,33 @@ def test_a_child_section_streams_asks_finishes_and_collapses(tui: TuiRunner) -> 
     leave(screen)
 
 
+def test_a_permission_the_bridge_asks_for_a_child_reads_in_its_section_as_the_agents_own(tui: TuiRunner) -> None:
+    # The child calls create_note on its bridge without asking over ACP (as OpenCode does):
+    # Crucible asks the person itself, and the section shows the answer as it shows an agent's.
+    fam = Family(tui)
+    fam.card("helper", agent="child")
+    fam.scripts["parent"] = script(bridge_call("delegate_session", "delegate", target="helper",
+                                               prompt="write it down"),
+                                   {"text": "parent done"})
+    fam.scripts["child"] = script(bridge_call("create_note", "write", path="Inbox/child.md", content="# From the child"),
+                                  {"text": "child wrote it"})
+    screen = fam.open()
+    screen.wait_for("ready")
+    screen.type_line("delegate it")
+    screen.wait_all("Permission: parent › helper", "create_note")
+    screen.send("y")
+    screen.wait_all("▸ parent › helper — done", "parent done")
+    screen.send(CTRL_O)
+    shown = screen.wait_for(lambda s: nested(s.splitlines(), "child wrote it"))
+    lines = shown.splitlines()
+    row = in_section(lines, "permission: create_note → allow_once")
+    wrapped = " ".join(line.split("│", 1)[-1].strip() for line in lines[row:row + 2])
+    assert "(the person chose allow once; asked by the bridge)" in wrapped, shown
+    assert "[permission]" not in shown, shown
+    assert (tui.kiln / "Inbox" / "child.md").read_text(encoding="utf-8").startswith("# From the child")
+    leave(screen)
+
+
 def test_concurrent_background_children_each_get_their_own_section(tui: TuiRunner) -> None:
     fam = Family(tui)
     fam.card("helper", agent="child")
