@@ -163,6 +163,9 @@ DecisionKind = Literal["allow_once", "allow_always", "reject_once", "reject_alwa
 class Decision:
     kind: DecisionKind
     reason: str = ""
+    # Someone was asked (the person, in the chat or in their editor); False when a rule, a
+    # remembered answer or a flag such as --approve-all decided without asking.
+    asked: bool = True
 
 
 @dataclass(frozen=True, slots=True)

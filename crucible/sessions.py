@@ -110,10 +110,11 @@ Asker = Callable[[PermissionAsk], Awaitable["Decision"]]
 
 
 def decision_of(kind: DecisionKind, reason: str) -> Decision:
+    """A decision made without asking anyone (a rule, a remembered answer, a flag)."""
     # acp_host.session loads acp.schema (~0.5 s): not before the agent is spawned.
     from acp_host.session import Decision
 
-    return Decision(kind, reason)
+    return Decision(kind, reason, asked=False)
 
 
 async def deny_asker(ask: PermissionAsk) -> Decision:

@@ -113,6 +113,8 @@ class Feed(Renderer):
         self.draw_tool_call(event.call)
 
     def permission(self, event: PermissionResolved) -> None:
+        if event.decision is not None and not event.decision.asked and event.decision.kind.startswith("allow"):
+            return  # a rule let it run: its tool call says so; a line per read would bury the answer
         decision, reason = permission_decision(event)
         call = event.request.tool_call
         bridge = bridge_call(call)

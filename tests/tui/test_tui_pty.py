@@ -94,6 +94,37 @@ def test_permission_dialog_answered_with_a_key(tui: TuiRunner) -> None:
     leave(screen)
 
 
+def _asks_for(call_id: str, title: str, path: str) -> list[dict[str, Any]]:
+    """Claude's way: the tool call, then its permission request."""
+    return [{"tool_call": {"toolCallId": call_id, "title": title, "kind": "other", "status": "pending",
+                           "rawInput": {"path": path}}},
+            {"permission": {"toolCall": {"toolCallId": call_id, "title": title}, "options": [
+                {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}},
+            {"tool_call_update": {"toolCallId": call_id, "status": "completed"}}]
+
+
+def test_a_tool_a_rule_lets_run_draws_no_permission_line_a_refusal_does(tui: TuiRunner, tmp_path: Path) -> None:
+    config = tmp_path / "xdg-config" / "crucible" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[permissions]\ndelete_note = "deny"\n')
+    steps = (_asks_for("t1", "mcp__crucible__read_note", "a.md") + _asks_for("t2", "mcp__crucible__list_notes", ".")
+             + _asks_for("t3", "mcp__crucible__delete_note", "old.md") + [{"text": "all asked"}])
+    screen = tui.open({"prompts": [steps]}, cols=120)
+    screen.wait_for("ready")
+    screen.type_line("go")
+    shown = screen.wait_for("all asked")
+    # The reads ran by the default rule (the agent got allow), with no line each; the refusal is said.
+    answers = [e["result"]["result"]["outcome"] for e in tui.agent_log()
+               if e.get("kind") == "result" and e.get("step") == "permission"]
+    assert answers == [{"outcome": "selected", "optionId": "allow"}, {"outcome": "selected", "optionId": "allow"},
+                       {"outcome": "selected", "optionId": "reject"}]
+    assert "read_note a.md" in shown and "list_notes" in shown
+    assert "permission: delete_note old.md → reject_once (config [permissions]: delete_note = deny)" in shown, shown
+    assert shown.count("permission:") == 1, shown
+    leave(screen)
+
+
 def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: Path) -> None:
     config = tmp_path / "xdg-config" / "crucible" / "config.toml"
     config.parent.mkdir(parents=True)
