@@ -420,10 +420,38 @@ class _Connection(Protocol):
     async def describe_exit(self, when: str = ...) -> str: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """A model the agent offers, from its config option of category "model" (value, name) or
+    from the older `models` state of session/new (modelId, name) that Gemini CLI still sends."""
+
+    id: str
+    name: str
+    description: str | None = None
+
+
+def _legacy_models(raw: Any) -> tuple[tuple[ModelChoice, ...], str | None]:
+    """`{"availableModels": [{"modelId", "name", "description"}], "currentModelId"}`, the
+    unstable model state acp.schema no longer describes: read by hand, what is malformed left out."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("availableModels"), list):
+        return (), None
+    choices = []
+    for item in raw["availableModels"][:1000]:
+        if isinstance(item, dict) and isinstance(item.get("modelId"), str):
+            name, about = item.get("name"), item.get("description")
+            choices.append(ModelChoice(item["modelId"], name if isinstance(name, str) else item["modelId"],
+                                       about if isinstance(about, str) else None))
+    current = raw.get("currentModelId")
+    return tuple(choices), current if isinstance(current, str) else None
+
+
 @dataclass
 class SessionState:
     modes: tuple[schema.SessionMode, ...] = ()
     current_mode: str | None = None
+    # The older `models` state (session/set_model), for an agent with no model config option.
+    agent_models: tuple[ModelChoice, ...] = ()
+    current_model: str | None = None
     config_options: tuple[Any, ...] = ()
     commands: tuple[schema.AvailableCommand, ...] = ()
     plan: tuple[schema.PlanEntry, ...] = ()
@@ -435,6 +463,29 @@ class SessionState:
     def models(self) -> tuple[Any, ...]:
         """Config options of category "model" (session/set_model is gone from the spec)."""
         return tuple(o for o in self.config_options if getattr(o, "category", None) == "model")
+
+    @property
+    def model_choices(self) -> tuple[ModelChoice, ...]:
+        """The models the agent offers, whichever way: its model config option (grouped values
+        flattened), else its `models` state."""
+        option = next(iter(self.models), None)
+        if option is None:
+            return self.agent_models
+        choices: list[ModelChoice] = []
+        for item in getattr(option, "options", None) or ():
+            for value in (getattr(item, "options", None) or [item]):
+                if isinstance(getattr(value, "value", None), str):
+                    choices.append(ModelChoice(value.value, value.name, getattr(value, "description", None)))
+        return tuple(choices)
+
+    @property
+    def model_now(self) -> str | None:
+        """The current model's value or id."""
+        option = next(iter(self.models), None)
+        if option is None:
+            return self.current_model
+        value = getattr(option, "current_value", None)
+        return value if isinstance(value, str) else None
 
     @property
     def mode_option(self) -> Any | None:
@@ -542,6 +593,8 @@ class AcpSession:
                 pass
         if isinstance(result.get("configOptions"), list):
             self._set_config_options(result)
+        if "models" in result:
+            self.state.agent_models, self.state.current_model = _legacy_models(result["models"])
 
     def _set_config_options(self, container: dict[str, Any]) -> tuple[Any, ...] | None:
         try:
@@ -913,6 +966,16 @@ class AcpSession:
             await self.set_mode(mode_id)
         else:
             await self.set_config_option(option.id, mode_id)
+
+    async def switch_model(self, model_id: str) -> None:
+        """To model `model_id` of `state.model_choices`: the model config option set to it, else
+        session/set_model (the older, unstable method Gemini CLI serves)."""
+        option = next(iter(self.state.models), None)
+        if option is not None:
+            await self.set_config_option(option.id, model_id)
+            return
+        await self._conn.request("session/set_model", {"sessionId": self.session_id, "modelId": model_id})
+        self.state.current_model = model_id
 
     async def set_config_option(self, config_id: str, value: str | bool) -> tuple[Any, ...]:
         """Set a config option (a model is a select option of category "model"); returns

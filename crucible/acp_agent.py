@@ -90,7 +90,8 @@ _COMMAND_NAMES = {c["name"] for c in CRUCIBLE_COMMANDS}
 INDEX_NOTICE_NOTES = 100
 # The methods served here, refused until `initialize` (an unknown one is -32601 either way).
 _AFTER_INITIALIZE = frozenset({"session/new", "session/load", "session/resume", "session/list", "session/close",
-                               "session/prompt", "session/set_config_option", "session/set_mode", "authenticate"})
+                               "session/prompt", "session/set_config_option", "session/set_mode", "session/set_model",
+                               "authenticate"})
 
 
 def cmd_acp(args: argparse.Namespace) -> int:
@@ -350,10 +351,12 @@ class AcpAgentServer:
             return await self.prompt(p)
         if method == "session/set_config_option":
             return await self.set_config_option(p)
-        if method == "session/set_mode":
+        if method in ("session/set_mode", "session/set_model"):
             proxy = self._proxy(p, method)
             assert proxy.cs.client is not None
             result = await proxy.cs.client.request(method, {**p, "sessionId": proxy.backend_id})
+            if method == "session/set_model" and proxy.cs.acp is not None and isinstance(p.get("modelId"), str):
+                proxy.cs.acp.state.current_model = p["modelId"]
             return result if result is not None else {}
         if method == "authenticate":
             return {}  # the backend agents use the person's own login or keys
@@ -490,6 +493,10 @@ class AcpAgentServer:
         if acp.state.modes:
             result["modes"] = {"currentModeId": acp.state.current_mode,
                                "availableModes": [_dump(m) for m in acp.state.modes]}
+        if acp.state.agent_models:  # the older model state (Gemini CLI): the editor's picker reads it
+            result["models"] = {"currentModelId": acp.state.current_model, "availableModels": [
+                {"modelId": m.id, "name": m.name, **({"description": m.description} if m.description else {})}
+                for m in acp.state.agent_models]}
         return result
 
     async def new_session(self, params: dict[str, Any]) -> dict[str, Any]:

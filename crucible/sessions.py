@@ -583,8 +583,9 @@ class CrucibleSession:
         kept in `failure` for `cru chat -p` and `cru acp`."""
         opts = self.opts
         tail = self.client.process.stderr_tail() if self.client is not None and self.client.process else ""
-        models = self.acp.state.models if self.acp is not None else ()
-        values = _option_values(models[0]) if models else None
+        state = self.acp.state if self.acp is not None else None
+        # None: the agent offers no model choice; []: it offers a choice with nothing in it.
+        values = [c.id for c in state.model_choices] if state and (state.models or state.agent_models) else None
         found = diagnose(Evidence(opts.agent.name, agent_kind(opts.agent), exc.message, exc.code, exc.data, tail,
                                   agent_env(opts.agent, opts.extra_env), values))
         self.failure = found
@@ -853,15 +854,15 @@ async def set_mode(acp: AcpSession, wanted: str) -> str | None:
 
 
 async def set_model(acp: AcpSession, wanted: str) -> str | None:
-    """Switch the agent to model `wanted` (a value of its config option of category model, or
-    a unique short form of one: `fake-model` for `fake/fake-model`, or its name)."""
-    option = next(iter(acp.state.models), None)
-    values = _option_values(option)
-    chosen = _pick(wanted, values, _option_names(option))
-    if option is None or chosen is None:
-        return f"the agent offers: {', '.join(values) or 'no model choice'}"
+    """Switch the agent to model `wanted` (a value it offers, or a unique short form of one:
+    `fake-model` for `fake/fake-model`, or its name). None when done, else what went wrong."""
+    choices = acp.state.model_choices
+    ids = [c.id for c in choices]
+    chosen = _pick(wanted, ids, {c.id: c.name for c in choices})
+    if chosen is None:
+        return f"the agent offers: {', '.join(ids) or 'no model choice'}"
     try:
-        await acp.set_config_option(option.id, chosen)
+        await acp.switch_model(chosen)
     except JsonRpcError as exc:
         return f"the agent refused it: {exc.message}"
     return None
@@ -877,30 +878,6 @@ def _pick(wanted: str, values: list[str], names: dict[str, str]) -> str | None:
         if len(candidates) == 1:
             return candidates[0]
     return None
-
-
-def _option_names(option: Any) -> dict[str, str]:
-    """value -> name of a select config option's choices (flat or grouped)."""
-    out: dict[str, str] = {}
-    for item in getattr(option, "options", None) or []:
-        for choice in [item, *(getattr(item, "options", None) or [])]:
-            value, name = getattr(choice, "value", None), getattr(choice, "name", None)
-            if isinstance(value, str) and isinstance(name, str):
-                out[value] = name
-    return out
-
-
-def _option_values(option: Any) -> list[str]:
-    """The values a select config option offers (flat or grouped)."""
-    out: list[str] = []
-    for item in getattr(option, "options", None) or []:
-        value = getattr(item, "value", None)
-        if isinstance(value, str):
-            out.append(value)
-        for sub in getattr(item, "options", None) or []:
-            if isinstance(getattr(sub, "value", None), str):
-                out.append(sub.value)
-    return out
 
 
 def _has_history(session: CrucibleSession) -> bool:

@@ -221,32 +221,26 @@ class Commands:
 
     async def do_model(self, args: str) -> None:
         acp = self._acp()
-        models = acp.state.models if acp is not None else ()
-        if acp is None or not models:
+        choices = acp.state.model_choices if acp is not None else ()
+        if acp is None or not choices:
             self.ui.notice("the agent offers no model choice")
             return
-        option = models[0]
-        values: list[tuple[str, str]] = []
-        for item in getattr(option, "options", []) or []:
-            if hasattr(item, "value"):
-                values.append((item.value, item.name))
-            for sub in getattr(item, "options", []) or []:
-                values.append((sub.value, sub.name))
         if not args:
-            current = getattr(option, "current_value", None)
-            lines = ["Models (/model VALUE):"] + [f" {'*' if v == current else ' '} {sanitize(v)}  {sanitize(n)}"
-                                                  for v, n in values]
+            current = acp.state.model_now
+            lines = ["Models (/model VALUE):"] + [
+                f" {'*' if c.id == current else ' '} {sanitize(c.id)}"
+                + (f"  {sanitize(c.name)}" if c.name != c.id else "") for c in choices]
             self.ui.notice("\n".join(lines))
             return
-        if values and args not in {v for v, _ in values}:
-            self.ui.error(f"no model {args}: /model lists them")
+        if args not in {c.id for c in choices}:
+            self.ui.error(f"no model {sanitize(args)}: /model lists them")
             return
         try:
-            await acp.set_config_option(option.id, args)
+            await acp.switch_model(args)
         except Exception as exc:  # the agent's refusal is shown, the chat goes on
-            self.ui.error(f"the agent refused model {args}: {exc}")
+            self.ui.error(f"the agent refused model {sanitize(args)}: {exc}")
             return
-        self.ui.say_flash(f"model: {args}")
+        self.ui.say_flash(f"model: {sanitize(args)}")
 
     async def do_restart(self, args: str) -> None:
         self.ui.notice("restarting the agent…")

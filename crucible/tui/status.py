@@ -123,8 +123,8 @@ class StatusBar:
             st = acp.state
             if st.mode_now:
                 parts.append(f"mode: {sanitize(st.mode_now)}")
-            for option in st.models[:1]:
-                parts.append(f"model: {sanitize(str(getattr(option, 'current_value', '')))}")
+            if st.model_now:
+                parts.append(f"model: {sanitize(st.model_now)}")
         if self.context is not None:
             parts.append(f"ctx {fmt_tokens(self.context[0])}/{fmt_tokens(self.context[1])}")
         if self.session_tokens:

@@ -217,6 +217,28 @@ def test_modes_and_images_as_the_backend_takes_them(acp: AcpSetup) -> None:
     assert "image omitted" in blocks[1]["text"]
 
 
+def test_a_backends_older_models_state_reaches_the_editor_and_its_choice_the_backend(acp: AcpSetup) -> None:
+    # Gemini CLI offers its models as `models` and serves session/set_model (unstable ACP, gone
+    # from the SDK's schema, still read by editors' model pickers).
+    models = {"currentModelId": "auto", "availableModels": [{"modelId": "auto", "name": "Auto"},
+                                                            {"modelId": "gemini-2.5-pro", "name": "Pro"}]}
+    acp.script({"new_session": {"result": {"models": models}}})
+    editor = Editor()
+
+    async def body(conn: Any, init: InitializeResponse) -> Any:
+        raw = await conn._conn.send_request("session/new", {"cwd": str(acp.work), "mcpServers": []})
+        # (the SDK has no set_session_model any more: the frame an editor such as Zed sends)
+        await conn._conn.send_request("session/set_model", {"sessionId": raw["sessionId"],
+                                                            "modelId": "gemini-2.5-pro"})
+        return raw
+
+    new = run(acp, editor, body)
+    assert new["models"] == models
+    sent = acp.inbound("session/set_model")
+    assert [f["params"]["modelId"] for f in sent] == ["gemini-2.5-pro"]
+    assert sent[0]["params"]["sessionId"] != new["sessionId"]  # the backend's own session id
+
+
 def test_the_editors_mcp_server_reaches_the_backend(acp: AcpSetup) -> None:
     calls = acp.tmp / "echo-calls.jsonl"
     acp.script({"new_session": {"list_mcp_tools": True},

@@ -473,6 +473,33 @@ def test_modes_offered_as_a_config_option_are_shown_listed_and_cycled(tui: TuiRu
     leave(screen)
 
 
+# Gemini CLI 0.61 offers its models in the older `models` state and serves session/set_model.
+LEGACY_MODELS: dict[str, Any] = {"new_session": {"result": {
+    "modes": {"currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"}]},
+    "models": {"currentModelId": "auto", "availableModels": [
+        {"modelId": "auto", "name": "Auto", "description": "Let Gemini CLI decide"},
+        {"modelId": "gemini-2.5-pro", "name": "gemini-2.5-pro"},
+        {"modelId": "gemini-3.8-flash", "name": "gemini-3.8-flash"}]}}}}
+
+
+def test_models_offered_in_the_older_models_state_are_shown_listed_and_switched(tui: TuiRunner) -> None:
+    screen = tui.open(LEGACY_MODELS)
+    screen.wait_for(lambda s: "ready" in status_row(s) and "model: auto" in status_row(s))
+    screen.type_line("/model")
+    screen.wait_all("Models (/model VALUE):", "* auto  Auto", "gemini-3.8-flash")
+    screen.type_line("/model gemini-2.5-pro")
+    screen.wait_for(lambda s: "model: gemini-2.5-pro" in status_row(s))
+    assert [f["params"]["modelId"] for f in agent_frames(tui, "session/set_model")] == ["gemini-2.5-pro"]
+    assert agent_frames(tui, "session/set_config_option") == []
+    leave(screen)
+    screen = tui.open(LEGACY_MODELS, "--model", "gemini-3.8-flash")
+    screen.wait_for(lambda s: "ready" in status_row(s) and "model: gemini-3.8-flash" in status_row(s))
+    leave(screen)
+    screen = tui.open(LEGACY_MODELS, "--model", "huge")
+    screen.wait_all("huge", "the agent offers: auto, gemini-2.5-pro, gemini-3.8-flash")
+    leave(screen)
+
+
 OFFERS: dict[str, Any] = {"new_session": {"result": {
     "modes": {"currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"},
                                                              {"id": "plan", "name": "Plan"}]},
