@@ -229,7 +229,8 @@ class Commands:
             current = acp.state.model_now
             lines = ["Models (/model VALUE):"] + [
                 f" {'*' if c.id == current else ' '} {sanitize(c.id)}"
-                + (f"  {sanitize(c.name)}" if c.name != c.id else "") for c in choices]
+                + (f"  {sanitize(c.name)}" if c.name != c.id else "")
+                + (f" — {sanitize(c.description)}" if c.description else "") for c in choices]
             self.ui.notice("\n".join(lines))
             return
         if args not in {c.id for c in choices}:
