@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
 from acp_host.safe_text import json_safe, terminal_safe, without_escapes
@@ -20,6 +21,18 @@ from crucible.redaction import redact
 __all__ = ["SafeFormatter", "SafeStream", "install_log_handler", "json_safe", "log_lines_to", "sanitize",
            "without_escapes"]
 
+
+
+def shown_path(path: Path | str) -> str:
+    """`path` with the home folder as `~`, for messages to the person (never to an agent)."""
+    home, shown = Path.home(), Path(path)
+    if str(home) in ("", "/"):
+        return str(shown)
+    try:
+        rel = shown.relative_to(home)
+    except ValueError:
+        return str(shown)
+    return "~" if rel == Path(".") else f"~/{rel}"
 
 
 def sanitize(text: str) -> str:

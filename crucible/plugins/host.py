@@ -32,6 +32,7 @@ import trio
 
 from crucible.plugins.runtime import DEFAULT_MEMORY, LuaPlugin, PluginError, PluginStopped
 from crucible.plugins.runtime import to_json as lua_to_json
+from crucible.terminal import shown_path
 from mcp_bridge.kiln_api import KilnError, NoteNotFoundError
 from mcp_bridge.tools import ToolContext, ToolError
 
@@ -75,9 +76,7 @@ class PluginInfo:
 
     def shown_path(self) -> str:
         """The path with the home folder as `~` (printed for the person, never to an agent)."""
-        home = str(Path.home())
-        text = str(self.path)
-        return "~" + text[len(home):] if home not in ("", "/") and text.startswith(home) else text
+        return shown_path(self.path)
 
 
 @dataclass

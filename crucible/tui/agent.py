@@ -15,7 +15,7 @@ from crucible.events import Pipeline, saved_events
 from crucible.kiln.paths import iter_markdown
 from crucible.session_store import Conversation
 from crucible.sessions import BridgeHost, CrucibleSession, open_session
-from crucible.terminal import sanitize
+from crucible.terminal import sanitize, shown_path
 from crucible.tui.prompts import STEER_NOTE
 from crucible.tui.status import TICK
 from crucible.tui.transcript import TextEntry
@@ -153,6 +153,9 @@ class AgentLoop:
                     self.last_session_id = session.id
                     ui.agent_alive = True
                     pipeline = Pipeline(session, [ui.feed])
+                    if first and not ui.opts.resume:  # what a new user needs to find the rest
+                        ui.notice(f"{ui.opts.agent.name} · kiln {shown_path(ui.opts.kiln)} · /help: commands and "
+                                  "keys · @: attach a note · Ctrl-D: leave")
                     for warning in session.warnings:
                         ui.notice(f"warning: {warning}")
                     ui.status.state = "ready"

@@ -66,6 +66,22 @@ def test_stream_shows_markdown_thought_plan_diff_and_status(tui: TuiRunner) -> N
     leave(screen)
 
 
+def test_a_new_chat_says_where_it_is_and_how_to_find_the_rest_a_resumed_one_does_not(tui: TuiRunner) -> None:
+    screen = tui.open({"prompts": [[{"text": "hello back"}]]}, cols=120)
+    shown = screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    flat = " ".join(shown.split())  # the line wraps on a long kiln path
+    assert f"scripted_agent · kiln {tui.kiln} · /help: commands and keys · @: attach a note · Ctrl-D: leave" \
+        in flat, shown
+    screen.type_line("hi")
+    screen.wait_for("hello back")
+    leave(screen)
+    sid = _saved_session(tui.env)
+    screen = tui.open(None, "--resume", sid, cols=120)
+    shown = screen.wait_all("end of history", "hello back")
+    assert "/help: commands and keys" not in shown  # the history says where it is
+    leave(screen)
+
+
 def test_no_color_keeps_the_diff_readable_without_colour(tui: TuiRunner) -> None:
     screen = tui.open(load_script("stream.json"), env={"NO_COLOR": "1"})
     screen.wait_for("ready")
