@@ -569,10 +569,14 @@ async def test_unknown_agent_requests_get_method_not_found(scripted: Scripted, t
     assert result.stop_reason == "end_turn"
 
 
-async def test_agent_exit_reaches_idle_sessions(scripted: Scripted, tmp_path: Path) -> None:
-    argv = scripted.argv(
-        {"prompts": [[{"text": "hi"}], [{"crash": {"code": 9, "stderr": "out of memory"}}]]}
-    )
+@pytest.mark.parametrize(("crash", "said"), [
+    ({"code": 9, "stderr": "out of memory"}, "exited with exit code 9"),
+    # A signal's death is said by its name, not as the negative code Python reports.
+    ({"signal": "SIGKILL"}, "was killed by SIGKILL"),
+])
+async def test_agent_exit_reaches_idle_sessions(scripted: Scripted, tmp_path: Path, crash: dict[str, Any],
+                                                said: str) -> None:
+    argv = scripted.argv({"prompts": [[{"text": "hi"}], [{"crash": crash}]]})
     async with connected(argv) as client:
         session = await client.new_session(tmp_path)
         await run_turn(session, "go")
@@ -581,24 +585,11 @@ async def test_agent_exit_reaches_idle_sessions(scripted: Scripted, tmp_path: Pa
         idle = await client.new_session(tmp_path)
         result, _ = await run_turn(session, "again")
         event = await idle.events.receive()
-    assert result.error is not None and "exit code 9" in result.error
-    assert type(event).__name__ == "SessionError" and "between turns" in event.message  # type: ignore[union-attr]
-    assert "out of memory" in event.message  # type: ignore[union-attr]
-
-
-async def test_an_agent_killed_by_a_signal_is_said_killed_not_a_negative_exit_code(
-    scripted: Scripted, tmp_path: Path
-) -> None:
-    argv = scripted.argv({"prompts": [[{"text": "hi"}], [{"crash": {"signal": "SIGKILL"}}]]})
-    async with connected(argv) as client:
-        session = await client.new_session(tmp_path)
-        await run_turn(session, "go")
-        idle = await client.new_session(tmp_path)
-        result, _ = await run_turn(session, "again")
-        event = await idle.events.receive()
-    assert result.error is not None and "was killed by SIGKILL" in result.error, result.error
+    assert result.error is not None and said in result.error, result.error
+    assert type(event).__name__ == "SessionError"
     message = event.message  # type: ignore[union-attr]
-    assert "was killed by SIGKILL between turns" in message and "-9" not in message, message
+    assert f"{said} between turns" in message and "-9" not in message, message
+    assert crash.get("stderr", "") in message
 
 
 async def test_malformed_mcp_server_entry_is_an_error(scripted: Scripted, tmp_path: Path) -> None:
