@@ -421,16 +421,16 @@ class _Connection(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelChoice:
-    """A model the agent offers, from its config option of category "model" (value, name) or
-    from the older `models` state of session/new (modelId, name) that Gemini CLI still sends."""
+class Choice:
+    """A value an agent offers to choose: a select config option's value (value, name), or a
+    model of the older `models` state of session/new (modelId, name) that Gemini CLI still sends."""
 
     id: str
     name: str
     description: str | None = None
 
 
-def _legacy_models(raw: Any) -> tuple[tuple[ModelChoice, ...], str | None]:
+def _legacy_models(raw: Any) -> tuple[tuple[Choice, ...], str | None]:
     """`{"availableModels": [{"modelId", "name", "description"}], "currentModelId"}`, the
     unstable model state acp.schema no longer describes: read by hand, what is malformed left out."""
     if not isinstance(raw, dict) or not isinstance(raw.get("availableModels"), list):
@@ -439,10 +439,20 @@ def _legacy_models(raw: Any) -> tuple[tuple[ModelChoice, ...], str | None]:
     for item in raw["availableModels"][:1000]:
         if isinstance(item, dict) and isinstance(item.get("modelId"), str):
             name, about = item.get("name"), item.get("description")
-            choices.append(ModelChoice(item["modelId"], name if isinstance(name, str) else item["modelId"],
+            choices.append(Choice(item["modelId"], name if isinstance(name, str) else item["modelId"],
                                        about if isinstance(about, str) else None))
     current = raw.get("currentModelId")
     return tuple(choices), current if isinstance(current, str) else None
+
+
+def _select_values(option: Any) -> tuple[Choice, ...]:
+    """The values a select config option offers, its groups' values flattened."""
+    choices: list[Choice] = []
+    for item in getattr(option, "options", None) or ():
+        for value in getattr(item, "options", None) or [item]:
+            if isinstance(getattr(value, "value", None), str):
+                choices.append(Choice(value.value, value.name, getattr(value, "description", None)))
+    return tuple(choices)
 
 
 @dataclass
@@ -450,7 +460,7 @@ class SessionState:
     modes: tuple[schema.SessionMode, ...] = ()
     current_mode: str | None = None
     # The older `models` state (session/set_model), for an agent with no model config option.
-    agent_models: tuple[ModelChoice, ...] = ()
+    agent_models: tuple[Choice, ...] = ()
     current_model: str | None = None
     config_options: tuple[Any, ...] = ()
     commands: tuple[schema.AvailableCommand, ...] = ()
@@ -461,22 +471,15 @@ class SessionState:
 
     @property
     def models(self) -> tuple[Any, ...]:
-        """Config options of category "model" (session/set_model is gone from the spec)."""
+        """Config options of category "model" (the spec's way; `agent_models` is the older one)."""
         return tuple(o for o in self.config_options if getattr(o, "category", None) == "model")
 
     @property
-    def model_choices(self) -> tuple[ModelChoice, ...]:
+    def model_choices(self) -> tuple[Choice, ...]:
         """The models the agent offers, whichever way: its model config option (grouped values
         flattened), else its `models` state."""
         option = next(iter(self.models), None)
-        if option is None:
-            return self.agent_models
-        choices: list[ModelChoice] = []
-        for item in getattr(option, "options", None) or ():
-            for value in (getattr(item, "options", None) or [item]):
-                if isinstance(getattr(value, "value", None), str):
-                    choices.append(ModelChoice(value.value, value.name, getattr(value, "description", None)))
-        return tuple(choices)
+        return self.agent_models if option is None else _select_values(option)
 
     @property
     def model_now(self) -> str | None:
@@ -499,13 +502,8 @@ class SessionState:
         its mode option (grouped values flattened)."""
         if self.modes or self.mode_option is None:
             return self.modes
-        choices: list[schema.SessionMode] = []
-        for item in getattr(self.mode_option, "options", None) or ():
-            for value in (getattr(item, "options", None) or [item]):
-                if isinstance(getattr(value, "value", None), str):
-                    choices.append(schema.SessionMode(id=value.value, name=value.name,
-                                                      description=getattr(value, "description", None)))
-        return tuple(choices)
+        return tuple(schema.SessionMode(id=c.id, name=c.name, description=c.description)
+                     for c in _select_values(self.mode_option))
 
     @property
     def mode_now(self) -> str | None:
