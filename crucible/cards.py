@@ -356,7 +356,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     kiln, why_no_kiln = _kiln_for(args)
     card = get_card(args.name, kiln, Path.cwd(), why_no_kiln=why_no_kiln)
-    print(json.dumps(card.model_dump(exclude={"body"}), indent=2))
+    print(json.dumps(card.model_dump(exclude={"body"}), indent=2, ensure_ascii=False))  # stdout escapes controls
     print()
     print(card.body)
     return 0

@@ -224,9 +224,36 @@ class TranscriptControl(UIControl):
 
     def __init__(self) -> None:
         self.entries: deque[Entry] = deque(maxlen=MAX_ENTRIES)
-        self.scroll = 0
+        self._scroll = 0
+        # Scrolled up: the bottom row on screen, as (its entry, its row from the entry's top),
+        # so rows added below (the answer streaming on) do not move what the person reads.
+        self._anchor: tuple[Entry, int, int] | None = None  # (+ its row on screen, from the bottom)
         self._height = 24
         self._width = 80
+
+    @property
+    def scroll(self) -> int:
+        """Rows up from the bottom; set by the person (wheel, page keys, focus, typing)."""
+        return self._scroll
+
+    @scroll.setter
+    def scroll(self, rows: int) -> None:
+        self._scroll = rows
+        self._anchor = None  # the next frame anchors where the person put the view
+
+    def _follow_anchor(self, width: int) -> None:
+        """Scrolled up: the scroll that keeps the anchored row at the bottom of the screen."""
+        if not self._scroll or self._anchor is None:
+            return
+        anchored, from_top, on_screen = self._anchor
+        below = 0
+        for entry in reversed(self.entries):
+            count = sum(1 for _ in entry.rows_reversed(width))
+            if entry is anchored:
+                self._scroll = max(0, below + max(0, count - 1 - from_top) - on_screen)
+                return
+            below += count + 1  # and the blank row between entries
+        self._anchor = None  # its entry is gone (the oldest dropped): stay where the scroll is
 
     def add(self, entry: Entry) -> Entry:
         self.entries.append(entry)
@@ -294,21 +321,32 @@ class TranscriptControl(UIControl):
         height = height or self._height
         self._height = height
         self._width = width
-        want = height + self.scroll
+        self._follow_anchor(width)
+        want = height + self._scroll
         rows: list[Fragments] = []
+        owners: list[tuple[Entry, int] | None] = []  # each row's entry and place from its bottom
         for entry in reversed(self.entries):
-            for row in entry.rows_reversed(width):
+            for place, row in enumerate(entry.rows_reversed(width)):
                 rows.append(row)
+                owners.append((entry, place))
                 if len(rows) >= want:
                     break
             if len(rows) >= want:
                 break
             rows.append([])  # a blank row between entries
+            owners.append(None)
         if rows and rows[-1] == []:
             rows.pop()
-        if self.scroll and len(rows) < want:  # scrolled past the top: clamp
-            self.scroll = max(0, len(rows) - height)
-        visible = rows[self.scroll:self.scroll + height]
+            owners.pop()
+        if self._scroll and len(rows) < want:  # scrolled past the top: clamp
+            self._scroll = max(0, len(rows) - height)
+        self._anchor = None
+        if self._scroll:  # the lowest row on screen that belongs to an entry (not a blank one)
+            lowest = next(((i, o) for i, o in enumerate(owners[self._scroll:self._scroll + height]) if o), None)
+            if lowest is not None:
+                on_screen, (entry, place) = lowest
+                self._anchor = (entry, sum(1 for _ in entry.rows_reversed(width)) - 1 - place, on_screen)
+        visible = rows[self._scroll:self._scroll + height]
         visible.reverse()
         if len(visible) < height:  # the newest text sits at the bottom, like a chat
             visible = [[] for _ in range(height - len(visible))] + visible

@@ -160,6 +160,34 @@ def test_transcript_shows_the_newest_rows_and_scrolls() -> None:
     assert "line 99" not in "".join(f[1] for i in range(5) for f in content.get_line(i))
 
 
+def _shown(control: TranscriptControl, width: int = 20, height: int = 5) -> list[str]:
+    content = control.create_content(width, height)
+    return ["".join(f[1] for f in content.get_line(i)) for i in range(content.line_count)]
+
+
+def test_scrolled_up_the_view_stays_on_what_it_shows_while_the_answer_streams_below() -> None:
+    control = TranscriptControl()
+    older = control.add(TextEntry("agent"))
+    assert isinstance(older, TextEntry)
+    older.append("".join(f"old {i}\n" for i in range(50)))
+    streaming = control.add(TextEntry("agent"))
+    assert isinstance(streaming, TextEntry)
+    streaming.append("new 0\n")
+    control.page(1)
+    control.page(1)
+    before = _shown(control)
+    assert all(row.startswith("old") for row in before), before
+    for i in range(1, 30):  # the answer goes on below the view: the person keeps reading
+        streaming.append(f"new {i}\n")
+        assert _shown(control) == before
+    older.append("old 50\n")  # a row added inside the view's own entry, below it: still in place
+    assert _shown(control) == before
+    control.scroll = 0  # back to the bottom (typing, End): the newest rows again
+    assert _shown(control)[-1] == "new 29"
+    control.page(1)  # and from there it follows the person's scrolling as before
+    assert "new 29" not in _shown(control)
+
+
 def test_wrap_counts_terminal_cells_for_wide_characters() -> None:
     from prompt_toolkit.utils import get_cwidth
 
