@@ -168,7 +168,7 @@ class AcpClient:
         if proc.returncode is None:
             text = f"the agent {agent} closed its output {when}"
         else:
-            text = f"the agent {agent} {how_it_ended(proc.returncode)} {when}"
+            text = f"the agent {agent} exited {when}{how_it_ended(proc.returncode)}"
         tail = proc.stderr_tail().strip()
         return f"{text}; its last stderr output:\n{tail}" if tail else f"{text} (no stderr output)"
 
@@ -486,7 +486,7 @@ async def connect_agent(
         with trio.move_on_after(2):
             await process.exited.wait()
         code = process.returncode
-        failure = f"the agent `{command}` " + (how_it_ended(code) if code is not None else "exited")
+        failure = f"the agent `{command}` exited" + (how_it_ended(code) if code is not None else "")
         failure += " before answering initialize"
     except JsonRpcError as e:
         failure = f"the agent `{command}` refused initialize: {e.message} (code {e.code})"

@@ -160,15 +160,15 @@ def stop_all_now() -> None:
 
 
 def how_it_ended(returncode: int) -> str:
-    """A process's end for the person: "exited with exit code 3", or, for the negative code a
-    signal leaves, "was killed by SIGKILL" (an "exit code -9" reads as a bug of the program)."""
+    """How a process ended, to follow "exited": " with exit code 3", or, for the negative code
+    a signal leaves, " (killed by SIGKILL)" (an "exit code -9" reads as a bug of the program)."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return f"was killed by {name}"
-    return f"exited with exit code {returncode}"
+        return f" (killed by {name})"
+    return f" with exit code {returncode}"
 
 
 class AgentProcess:
