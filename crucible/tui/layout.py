@@ -68,7 +68,8 @@ class ChatScreen:
     def _status_text(self) -> StyleAndTextTuples:
         ui = self.ui
         acp = ui.session.acp if ui.session is not None else None
-        return ui.status.text(acp, waiting=ui.dialog_up or ui.questions.current is not None)
+        return ui.status.text(acp, waiting=ui.dialog_up or ui.questions.current is not None,
+                              scrolled=ui.transcript.scroll > 0)
 
     def _columns(self) -> int:
         return self.ui.app.output.get_size().columns

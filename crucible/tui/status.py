@@ -112,13 +112,16 @@ class StatusBar:
         return None
 
     # -- drawing ------------------------------------------------------------------------
-    def text(self, acp: Any, waiting: bool) -> StyleAndTextTuples:
-        """The bar; `acp`: the session's ACP session (mode, model), if any."""
+    def text(self, acp: Any, waiting: bool, scrolled: bool = False) -> StyleAndTextTuples:
+        """The bar; `acp`: the session's ACP session (mode, model), if any; `scrolled`: the
+        transcript is scrolled up (newer rows below are out of sight)."""
         state = self.state
         if self.turn_started_at is not None and state in ("running", "cancelling"):
             elapsed = time.monotonic() - self.turn_started_at
             state = f"{SPINNER[int(elapsed / TICK) % len(SPINNER)]} {state} {elapsed:.1f} s"
         parts = ["waiting for your answer" if waiting else state, self.label]
+        if scrolled:
+            parts.insert(1, "scrolled up: PageDown for newer")
         if acp is not None:
             st = acp.state
             if st.mode_now:
