@@ -85,6 +85,7 @@ class ChatUI:
         self.nursery: trio.Nursery | None = None
         self.loop = AgentLoop(self)
         self.input = ChatInput(self, history)
+        self.queue.typing = self.input.typing
         self.keys = ChatKeys(self)
         self.screen = ChatScreen(self)
         self.app: Application[None] = Application(
@@ -241,6 +242,9 @@ class ChatUI:
             pass
 
     def answer_permission(self, key: str) -> None:
+        if self.queue.holding():
+            self.say_flash("you were typing when this was asked: pause, then answer")
+            return
         answered = self.queue.answer(key)
         if answered is None:
             return

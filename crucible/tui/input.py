@@ -6,6 +6,7 @@ each `@note` of the kiln, each image)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +64,17 @@ class ChatInput:
         self.buffer = Buffer(
             multiline=True, history=history or InMemoryHistory(), complete_while_typing=True,
             completer=ChatCompleter(ui.agent_commands, lambda: ui.notes),
+            on_text_changed=lambda _: self._typed(),
         )
+        self.typed_at = float("-inf")
+
+    def _typed(self) -> None:
+        self.typed_at = time.monotonic()
+
+    def typing(self, within: float) -> bool:
+        """The person is typing: text in the box, changed less than `within` seconds ago (a box
+        emptied, its prompt sent, is someone waiting: a question then takes its keys at once)."""
+        return bool(self.buffer.text) and time.monotonic() - self.typed_at < within
 
     def edit_queued(self, number: int | None) -> bool:
         """A queued prompt back into the input box, out of the queue (the last by default)."""

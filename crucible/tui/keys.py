@@ -56,6 +56,8 @@ class ChatKeys:
         def _other(event: KeyPressEvent) -> None:
             if ui.queue.current is None:
                 ui.answer_question(event.data)
+            else:
+                ui.queue.holding()  # still typing: the hold goes on
 
         return kb
 

@@ -15,6 +15,7 @@ session does it); `s` / `x` also save a rule to the config file's `[permissions]
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,12 @@ from crucible.tui.tool_calls import diff_lines, pretty, write_lines
 
 if TYPE_CHECKING:
     from crucible.tui.elicitation import ElicitationQueue
+
+# A question that opens while the person types in the input box (a queued prompt, mid-turn)
+# would take their next letter as its answer ("say…" → s, allow always and save): its keys are
+# held until the typing pauses this long. Keys typed into an empty box never started a hold.
+TYPING_GAP = 1.0  # typed this recently when the question opened: they were typing
+HOLD = 0.6  # held until no key came for this long
 
 # key -> (decision, save a rule to the config, label)
 KEYS: dict[str, tuple[DecisionKind, bool, str]] = {
@@ -101,6 +108,22 @@ class PermissionQueue:
         self.view: tuple[Any, list[Fragments]] | None = None  # the dialog as last drawn, and for what
         self.kiln: Path | None = None  # where a note write's note is read, for its diff
         self.cwd: Path | None = None  # the agent's diffs' paths are shown relative to it
+        self.typing: Callable[[float], bool] = lambda within: False  # the input box's (ChatUI sets it)
+        self.hold_until = 0.0
+
+    def _opened(self) -> None:
+        """A question is now first in line (the dialog shows it)."""
+        if self.typing(TYPING_GAP):
+            self.hold_until = time.monotonic() + HOLD
+
+    def holding(self) -> bool:
+        """A key pressed while the dialog is up: True while it is held (the person was typing
+        when the question opened and has not paused since); each held key extends the hold."""
+        now = time.monotonic()
+        if now >= self.hold_until:
+            return False
+        self.hold_until = now + HOLD
+        return True
 
     async def __call__(self, ask: PermissionAsk) -> Decision:
         pending = Pending(ask)
@@ -108,12 +131,17 @@ class PermissionQueue:
         if self.kiln is not None and bridge is not None and bridge.name in WRITE_TOOLS:
             pending.write = await trio.to_thread.run_sync(proposed_write, self.kiln, bridge)
         self.items.append(pending)
+        if len(self.items) == 1:
+            self._opened()
         self.on_change()
         try:
             await pending.answered.wait()
         finally:
             if pending in self.items:  # withdrawn (cancelled) before an answer
+                first = self.items[0] is pending
                 self.items.remove(pending)
+                if first and self.items:
+                    self._opened()
                 self.on_change()
         assert pending.decision is not None
         return pending.decision
@@ -145,6 +173,8 @@ class PermissionQueue:
             return None
         kind, save, label = KEYS[key]
         self.items.popleft()
+        if self.items:
+            self._opened()
         pending.decision = Decision(kind, f"the person chose {label}")
         pending.answered.set()
         self.on_change()

@@ -10,6 +10,7 @@ import base64
 import json
 import re
 import struct
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,10 @@ def test_the_mouse_wheel_scrolls_the_transcript(tui: TuiRunner) -> None:
         screen.send("\x1b[<64;10;5M")  # SGR mouse report: wheel up over the transcript
     shown = screen.wait_for("line 70")
     assert "the end" not in shown
+    assert "scrolled up: PageDown for newer" in status_row(screen.wait_for("scrolled up"))
     for _ in range(10):
         screen.send("\x1b[<65;10;5M")  # wheel down, back to the newest line
-    screen.wait_for("the end")
+    screen.wait_for(lambda s: "the end" in s and "scrolled up" not in status_row(s))
     leave(screen)
 
 
@@ -420,6 +422,36 @@ def test_steer_cancels_the_turn_and_sends_its_text_as_one_step(tui: TuiRunner) -
     assert blocks[0]["text"] == "make it a haiku instead"
     assert any("interrupts your previous turn" in b.get("text", "") for b in blocks[1:])
     assert tui.wait_for_log(lambda e: e.get("kind") == "turn_end")["stopReason"] == "cancelled"
+    leave(screen)
+
+
+def test_a_question_that_opens_while_the_person_types_does_not_take_their_letters_as_answers(
+        tui: TuiRunner) -> None:
+    ask = {"permission": {"toolCall": {"toolCallId": "c1", "title": "Delete everything", "kind": "delete"},
+                          "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
+                                      {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
+                                      {"optionId": "no", "name": "No", "kind": "reject_once"}]}}
+    gate = tui.tmp / "open-the-question"
+    screen = tui.open({"prompts": [[{"text": "working on it\n"}, {"wait_file": str(gate)}, ask,
+                                    {"text": "done"}]]})
+    screen.wait_for("ready")
+    screen.type_line("go")
+    screen.wait_for("working on it")
+    screen.send("next I will ")  # a follow-up, typed while the turn runs
+    screen.wait_for("next I will")
+    gate.touch()  # the question opens as the person goes on typing
+    screen.wait_for("Permission:")
+    for letter in "say yes and add more":  # each of s, y, a, n is an answer key
+        screen.send(letter)
+        time.sleep(0.05)
+    screen.wait_for("you were typing when this was asked")
+    assert not [e for e in tui.agent_log() if e.get("kind") == "result" and e.get("step") == "permission"]
+    assert "Permission:" in screen.text()
+    time.sleep(1.0)  # a pause: now a key answers
+    screen.send("n")
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"] == {"outcome": "selected", "optionId": "no"}
+    screen.wait_for("done")
     leave(screen)
 
 
