@@ -242,8 +242,7 @@ class ChatUI:
             pass
 
     def answer_permission(self, key: str) -> None:
-        if self.queue.holding():
-            self.say_flash("you were typing when this was asked: pause, then answer")
+        if self.held_key(key):
             return
         answered = self.queue.answer(key)
         if answered is None:
@@ -251,6 +250,19 @@ class ChatUI:
         label, rule = answered
         if rule is not None:
             self.to_trio(self.save_rule, *rule)
+
+    def held_key(self, data: str) -> bool:
+        """A key pressed while the dialog holds its keys (the person was typing when it opened):
+        it goes on into the input box, where they were typing. False when not held."""
+        if not self.queue.holding():
+            return False
+        buffer = self.input.buffer
+        if data in ("\x7f", "\x08"):
+            buffer.delete_before_cursor(1)
+        elif data.isprintable():
+            buffer.insert_text(data)
+        self.say_flash("you were typing when this was asked: your keys went on into the input; pause, then answer")
+        return True
 
     async def save_rule(self, tool: str, rule: str) -> None:
         path = self.opts.config.source or config_path()

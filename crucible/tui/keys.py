@@ -57,7 +57,7 @@ class ChatKeys:
             if ui.queue.current is None:
                 ui.answer_question(event.data)
             else:
-                ui.queue.holding()  # still typing: the hold goes on
+                ui.held_key(event.data)  # still typing: into the input box, and the hold goes on
 
         return kb
 

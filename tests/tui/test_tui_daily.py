@@ -447,6 +447,8 @@ def test_a_question_that_opens_while_the_person_types_does_not_take_their_letter
     screen.wait_for("you were typing when this was asked")
     assert not [e for e in tui.agent_log() if e.get("kind") == "result" and e.get("step") == "permission"]
     assert "Permission:" in screen.text()
+    # What they typed went on into the input box, whole.
+    screen.wait_for(lambda s: "next I will say yes and add more" in s)
     time.sleep(1.0)  # a pause: now a key answers
     screen.send("n")
     entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
