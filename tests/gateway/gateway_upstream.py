@@ -5,7 +5,7 @@
 HTTP and SSE listen on 127.0.0.1 (a port the OS picks) and print `listening on PORT` on stdout;
 with $UPSTREAM_TOKEN set they refuse requests without `Authorization: Bearer $UPSTREAM_TOKEN`.
 Tools: add, slow, grow (adds a tool and says so with tools/list_changed), ask_sampling,
-elicit_name, crash (the process exits), flood_line (an endless line on stdout), big_answer, auth_header (what Authorization header came).
+elicit_name, elicit_form (a form of the spec's field kinds), crash (the process exits), flood_line (an endless line on stdout), big_answer, auth_header (what Authorization header came).
 """
 
 from __future__ import annotations
@@ -68,6 +68,32 @@ async def elicit_name(ctx: Context) -> str:
                               "required": ["name"]}
     result = await ctx.session.elicit_form("What is your name?", schema)  # type: ignore[arg-type]
     return f"action={result.action} content={result.content}"
+
+
+# A form with the field kinds of the MCP spec (2025-11-25): a required text, a number with bounds,
+# a single select with titles, a multi-select, the older enum with `enumNames`, a date.
+FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "Your name"},
+        "count": {"type": "integer", "minimum": 1, "maximum": 100, "default": 42},
+        "hero": {"type": "string", "oneOf": [{"const": "hero-1", "title": "Superman"},
+                                             {"const": "hero-3", "title": "Wonder Woman"}], "default": "hero-1"},
+        "instruments": {"type": "array", "minItems": 1, "maxItems": 3, "default": ["Guitar"],
+                        "items": {"type": "string", "enum": ["Guitar", "Piano", "Violin", "Drums"]}},
+        "pet": {"type": "string", "enum": ["pet-1", "pet-2"], "enumNames": ["Cats", "Dogs"], "default": "pet-1"},
+        "born": {"type": "string", "format": "date"},
+    },
+    "required": ["name"],
+}
+
+
+@server.tool()
+async def elicit_form(ctx: Context) -> str:
+    """Ask the person to fill a form of every field kind (elicitation/create)."""
+    result = await ctx.session.elicit_form("Tell me about you", FORM)  # type: ignore[arg-type]
+    content = dict(sorted(result.content.items())) if result.content is not None else None
+    return f"action={result.action} content={content}"
 
 
 @server.tool()

@@ -47,7 +47,7 @@ def test_elicitation_is_answered_in_the_dialog_and_mcp_shows_the_servers(tui: An
     screen = tui.open(ask_twice(), cols=120, rows=30)
     screen.wait_for("›")
     screen.type_line("what is my name")
-    screen.wait_all("Question from MCP server up", "What is your name?", "name: string (default \"Ada\")")
+    screen.wait_all("Question from MCP server up", "What is your name?", "name: text (default \"Ada\")")
     screen.send("Grace")
     screen.wait_for("Grace")
     screen.send("\r")
@@ -63,6 +63,36 @@ def test_elicitation_is_answered_in_the_dialog_and_mcp_shows_the_servers(tui: An
     screen.type_line("/mcp")
     screen.wait_for(lambda s: "MCP servers:" in s and any(
         line.split()[:2] == ["up", "up"] and "tools" in line for line in s.splitlines()))
+
+
+def test_a_form_of_every_field_kind_is_shown_checked_and_sent_as_the_spec_types_it(tui: Any) -> None:
+    # The MCP spec's select fields (titled choices, multi-selects, the older enumNames) and bounds:
+    # the dialog says what each takes, a wrong answer says what is wrong and stays to be mended,
+    # and the server gets each choice's value (not its title) and a multi-select as a list.
+    call = {"mcp_call": {"server": "crucible", "tool": "up_elicit_form", "arguments": {}}, "echo": True}
+    script = {"initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}},
+              "new_session": {"list_mcp_tools": True},
+              "prompts": [[dict(call, **{"as": "form"}), {"text": "\nform done"}]]}
+    screen = tui.open(script, cols=140, rows=40)
+    screen.wait_for("›")
+    screen.type_line("fill the form")
+    screen.wait_all("Question from MCP server up", "name: text (required)",
+                    "count: a whole number from 1 to 100 (default 42)",
+                    "hero: one of Superman, Wonder Woman (default Superman)",
+                    "instruments: one or more of Guitar, Piano, Violin, Drums, with commas (default Guitar)",
+                    "pet: one of Cats, Dogs (default Cats)", "born: a date (2026-12-31)",
+                    "type name, or name=value; name=value")
+    screen.send("name=Grace; count=500")
+    screen.send("\r")
+    screen.wait_for("count must be at most 100")
+    assert not any(e.get("kind") == "result" for e in tui.agent_log())  # nothing sent yet
+    screen.send(b"\x15")  # Ctrl-U: the line again
+    screen.send("name=Grace; count=7; hero=wonder woman; instruments=piano, Drums; pet=Dogs; born=1906-12-09")
+    screen.send("\r")
+    form = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("as") == "form")
+    assert result_text(form) == ("action=accept content={'born': '1906-12-09', 'count': 7, 'hero': 'hero-3', "
+                                 "'instruments': ['Piano', 'Drums'], 'name': 'Grace', 'pet': 'pet-2'}")
+    screen.wait_for("form done")
 
 
 def test_a_server_that_keeps_failing_is_one_line_in_the_chat_not_drawn_over_it(
