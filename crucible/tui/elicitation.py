@@ -235,7 +235,7 @@ def field_line(name: str, prop: dict[str, Any], required: bool) -> str:
         extra = f"default {_shown_default(prop)}"
     desc = str(prop.get("description") or prop.get("title") or "")
     return (f"  {name}: {what}" + (f" ({extra})" if extra else "")
-            + (f" — {desc[:80]}" if desc else ""))
+            + (f" — {desc[:80]}{'…' if len(desc) > 80 else ''}" if desc else ""))
 
 
 class ElicitationQueue:
