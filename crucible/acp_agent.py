@@ -50,6 +50,7 @@ from crucible.acp_forward import CoalescingSendStream, UpdateForwarder
 from crucible.errors import CrucibleError
 from crucible.kiln_calls import kiln_search_text
 from crucible.permissions import GATED_KINDS
+from crucible.redaction import redact
 
 if TYPE_CHECKING:
     from acp_host.services import SessionServices
@@ -268,6 +269,8 @@ class AcpAgentServer:
         self._host_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._ask_ids = itertools.count(1)
+        # (editor session, server) told that the editor cannot show that server's questions
+        self._questions_told: set[tuple[str, str]] = set()
         self._warm: trio.Event | None = None
         self.out: CoalescingSendStream | None = None  # forwarded updates are queued on it
 
@@ -785,6 +788,7 @@ class AcpAgentServer:
         caps = self.editor_caps.get("elicitation") if isinstance(self.editor_caps, dict) else None
         mode = "url" if ask.url is not None else "form"
         if self.peer is None or fwd.editor_id is None or not isinstance(caps, dict) or caps.get(mode) is None:
+            await self._tell_question_declined(fwd, ask, mode)
             return ElicitAnswer("decline", note=f"the editor cannot answer questions ({mode} elicitation)")
         params: dict[str, Any] = {"sessionId": fwd.editor_id, "mode": mode,
                                   "message": f"[{ask.server}] {ask.message}"}
@@ -805,6 +809,21 @@ class AcpAgentServer:
         if action == "cancel":
             return ElicitAnswer("cancel", note="cancelled in the editor")
         return ElicitAnswer("decline", note="declined in the editor")
+
+
+    async def _tell_question_declined(self, fwd: UpdateForwarder, ask: ElicitationAsk, mode: str) -> None:
+        """Once per session and server: the person would otherwise see only the tool's "declined",
+        never that a server asked them something the editor cannot show."""
+        if self.peer is None or fwd.editor_id is None or (fwd.editor_id, ask.server) in self._questions_told:
+            return
+        self._questions_told.add((fwd.editor_id, ask.server))
+        message = redact(" ".join(ask.message.split()))
+        message = message[:200] + ("…" if len(message) > 200 else "")
+        text = (f"⚠ Crucible: the MCP server {ask.server} asked you something (\u201c{message}\u201d); this editor "
+                f"cannot show such questions ({mode} elicitation), so Crucible declined it. `cru chat` can answer "
+                "them (`cru session resume` goes on with this conversation there).\n\n")
+        await self.peer.notify("session/update", {"sessionId": fwd.editor_id, "update": {
+            "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}})
 
 
 def _dump(value: Any) -> Any:

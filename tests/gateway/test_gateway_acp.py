@@ -29,6 +29,7 @@ SCRIPTED = REPO / "fixtures" / "scripted_agent.py"
 class Editor:
     def __init__(self) -> None:
         self.questions: list[tuple[str, Any]] = []
+        self.said: list[str] = []  # the text of each message chunk shown in the thread
 
     async def request_permission(self, options: list[PermissionOption], session_id: str, tool_call: Any,
                                  **kwargs: Any) -> RequestPermissionResponse:
@@ -39,7 +40,8 @@ class Editor:
         return AcceptElicitationResponse(action="accept", content={"name": "Editor Person"})
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        return None
+        if getattr(update, "session_update", None) == "agent_message_chunk":
+            self.said.append(getattr(update.content, "text", ""))
 
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return {}
@@ -71,19 +73,25 @@ def test_elicitation_goes_to_the_editor(cru_bin: str, clean_env: dict[str, str],
         "log": str(log),
         "initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}},
         "new_session": {"list_mcp_tools": True},
-        "prompts": [[{"mcp_call": {"server": "crucible", "tool": "up_elicit_name", "arguments": {}},
-                      "as": "ask"}, {"text": "done"}]]}))
+        "prompts": [[{"mcp_call": {"server": "crucible", "tool": "up_elicit_name", "arguments": {}}, "as": "ask"},
+                     {"mcp_call": {"server": "crucible", "tool": "up_elicit_name", "arguments": {}}, "as": "again"},
+                     {"text": "done"}]]}))
     argv = [cru_bin, "acp", "--agent-command", f"{sys.executable} {SCRIPTED} {script}", "--kiln", str(kiln)]
     editor = Editor()
     asyncio.run(one_prompt(argv, clean_env, editor, tmp_path, elicitation))
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    (result,) = [e for e in entries if e.get("kind") == "result" and e.get("as") == "ask"]
-    text = result["result"]["result"]["content"][0]["text"]
+    texts = [e["result"]["result"]["content"][0]["text"] for e in entries if e.get("kind") == "result"]
+    told = [t for t in editor.said if "Crucible" in t]
     if elicitation:
-        assert text == "action=accept content={'name': 'Editor Person'}"
-        ((message, mode),) = editor.questions
-        assert message == "[up] What is your name?"
-        assert mode.requested_schema.properties["name"] is not None
+        assert texts == ["action=accept content={'name': 'Editor Person'}"] * 2
+        assert [m for m, _ in editor.questions] == ["[up] What is your name?"] * 2
+        assert editor.questions[0][1].requested_schema.properties["name"] is not None
+        assert told == []
     else:
-        assert text == "action=decline content=None"
+        assert texts == ["action=decline content=None"] * 2
         assert editor.questions == []
+        # The person is told once (not at each question) what was asked and why it went unanswered.
+        assert told == ["⚠ Crucible: the MCP server up asked you something (\u201cWhat is your name?\u201d); "
+                        "this editor cannot show such questions (form elicitation), so Crucible declined it. "
+                        "`cru chat` can answer them (`cru session resume` goes on with this conversation "
+                        "there).\n\n"], editor.said
