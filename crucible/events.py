@@ -52,6 +52,7 @@ from acp_host.session import (
     UserChunk,
 )
 from crucible.session_store import clean_title
+from crucible.terminal import human_size
 
 if TYPE_CHECKING:
     from crucible.session_store import SessionWriter
@@ -326,6 +327,33 @@ def _capped(text: str, limit: int = TOOL_DETAIL_MAX) -> str:
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 
 
+def content_text(block: dict[str, Any]) -> str | None:
+    """An ACP content block as text for a person: a text block's text; an image, audio, a link or
+    an embedded resource as one bracketed line saying what it is (a resource's text after it).
+    None for a block of no known type. Not sanitized: the caller shows it."""
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind in ("image", "audio"):
+        data = block.get("data")
+        # base64: 3 bytes in 4 characters, less its padding
+        size = (f", {human_size(len(data) * 3 // 4 - (len(data) - len(data.rstrip('='))))}"
+                if isinstance(data, str) and data else "")
+        where = f" {block['uri']}" if isinstance(block.get("uri"), str) else ""
+        return f"[{kind}: {block.get('mimeType') or 'unknown type'}{size}{where}]"
+    if kind == "resource_link":
+        name = block.get("title") or block.get("name") or ""
+        return f"[link: {name} {block.get('uri', '')}]".replace("  ", " ")
+    if kind == "resource":
+        given = block.get("resource")
+        res: dict[str, Any] = given if isinstance(given, dict) else {}
+        uri = str(res.get("uri", ""))
+        if isinstance(res.get("text"), str):
+            return f"[resource {uri}]\n{res['text']}"
+        return f"[resource {uri}: {res.get('mimeType') or 'binary'}]"
+    return None
+
+
 def tool_call_details(call: ToolCall) -> dict[str, Any]:
     """A finished tool call's arguments and result as the transcript keeps them: `input` (its
     raw input as JSON), `output` (the text it returned, else its raw output), `diffs` (the
@@ -336,8 +364,9 @@ def tool_call_details(call: ToolCall) -> dict[str, Any]:
     texts = []
     for item in call.content:
         inner = item.get("content") if item.get("type") == "content" else None
-        if isinstance(inner, dict) and isinstance(inner.get("text"), str):
-            texts.append(inner["text"])
+        text = content_text(inner) if isinstance(inner, dict) else None
+        if text is not None:
+            texts.append(text)
     if texts:
         out["output"] = _capped("\n".join(texts))
     elif call.raw_output not in (None, {}, ""):

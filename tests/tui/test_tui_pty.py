@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -139,6 +140,35 @@ def test_a_tool_a_rule_lets_run_draws_no_permission_line_a_refusal_does(tui: Tui
     assert "permission: delete_note old.md → reject_once (config [permissions]: delete_note = deny)" in shown, shown
     assert shown.count("permission:") == 1, shown
     leave(screen)
+
+
+def test_a_tools_image_link_and_resource_are_named_not_dropped(tui: TuiRunner) -> None:
+    # An MCP server's image (Claude passes it on as an ACP image block), a link and an embedded
+    # resource in a tool's result: the chat said nothing of them; each is one line saying what it is,
+    # in the chat and in `cru session show`.
+    png = base64.b64encode(b"\x89PNG" + b"\0" * 64).decode()
+    blocks = [{"type": "content", "content": {"type": "text", "text": "Here's the image you requested:"}},
+              {"type": "content", "content": {"type": "image", "data": png, "mimeType": "image/png"}},
+              {"type": "content", "content": {"type": "resource_link", "name": "guide", "title": "The guide",
+                                              "uri": "demo://resource/1"}},
+              {"type": "content", "content": {"type": "resource", "resource": {
+                  "uri": "demo://resource/2", "mimeType": "text/plain", "text": "resource body line"}}},
+              {"type": "content", "content": {"type": "audio", "data": "\x1b[2J", "mimeType": "audio/wav"}}]
+    turn = [{"tool_call": {"toolCallId": "c1", "title": "ev_get-tiny-image", "kind": "other", "status": "pending"}},
+            {"tool_call_update": {"toolCallId": "c1", "status": "completed", "content": blocks}},
+            {"text": "Shown."}]
+    screen = tui.open({"prompts": [turn]})
+    screen.wait_for("ready")
+    screen.type_line("show me")
+    shown = screen.wait_all("Shown.", "[image: image/png, 68 bytes]", "[link: The guide demo://resource/1]",
+                            "[resource demo://resource/2]", "resource body line", "[audio: audio/wav")
+    assert "Here's the image you requested:" in shown
+    leave(screen)
+    sid = _saved_session(tui.env)
+    show = subprocess.run([tui.cru, "session", "show", sid], env=tui.env, capture_output=True, text=True,
+                          timeout=60)
+    assert "[image: image/png, 68 bytes]" in show.stdout and "[link: The guide demo://resource/1]" in show.stdout
+    assert "\x1b" not in show.stdout
 
 
 def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: Path) -> None:
