@@ -221,9 +221,12 @@ def _checks(args: argparse.Namespace) -> list[Check]:
     if config.index.url:
         checks.append(Check("index", True, f"Chroma server {config.index.url}"))
     else:
+        # Not built yet is not a problem: a chat, `cru acp` and `cru mcp` build it in the
+        # background when they start, and search by the notes' words meanwhile.
         indexed = store.is_dir()
-        checks.append(Check("index", indexed, ".crucible/chroma" if indexed else "not built yet",
-                            None if indexed else f"cru kiln index --kiln {kiln}"))
+        checks.append(Check("index", True, ".crucible/chroma" if indexed else (
+            "not built yet: a chat, `cru acp` or `cru mcp` builds it in the background (searching by "
+            f"words meanwhile); `cru kiln index --kiln {kiln}` builds it now")))
     if config.embedder.provider == "builtin":
         # The embedder's own check: one place knows where the weights are and how to install them.
         from crucible.kiln.embedder import model_dir

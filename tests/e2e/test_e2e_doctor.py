@@ -51,7 +51,12 @@ def test_doctor_names_every_problem_with_a_fix(npm_ready: None, tmp_path: Path, 
     (kiln / "a.md").write_text("# A\n")
     res = subprocess.run([cru_bin, "doctor", "--kiln", str(kiln)], env=env, capture_output=True, text=True,
                          timeout=180)
-    assert res.returncode == 1  # the index is not built, no logins
-    assert f"cru kiln index --kiln {kiln}" in res.stdout
+    # A kiln never indexed is no problem (every session builds its index in the background): the
+    # line says so and how to build it now. Nothing here stops a chat (OpenCode runs; Claude's missing
+    # login is named with its fix below), so the exit is 0.
+    assert res.returncode == 0, res.stdout
+    index_line = next(line for line in res.stdout.splitlines() if line.split()[1:2] == ["index"])
+    assert index_line.startswith("ok ") and "builds it in the background" in index_line, res.stdout
+    assert f"cru kiln index --kiln {kiln}" in index_line
     assert "ANTHROPIC_API_KEY" in res.stdout  # claude speaks ACP but has no login: the fix is shown
     assert "ok  node" in res.stdout
