@@ -29,6 +29,7 @@ from crucible.agent_install import cmd_agents_registry
 from crucible.config import Config, config_path, load_config, resolve_kiln
 from crucible.errors import CrucibleError
 from crucible.start_failures import agent_env, agent_kind, sandbox_problem
+from crucible.terminal import counted
 
 PROBE_TIMEOUT = 20.0
 
@@ -215,7 +216,7 @@ def _checks(args: argparse.Namespace) -> list[Check]:
         checks.append(Check("kiln", False, exc.message, exc.fix))
         return checks
     notes = sum(1 for _ in kiln.rglob("*.md"))
-    checks.append(Check("kiln", notes > 0, f"{kiln.name}: {notes} notes",
+    checks.append(Check("kiln", notes > 0, f"{kiln.name}: {counted(notes, 'note')}",
                         None if notes else "point --kiln (or $CRUCIBLE_KILN, or `kiln =` in the config) at your notes"))
     store = kiln / ".crucible" / "chroma"
     if config.index.url:
@@ -257,7 +258,7 @@ def _mcp_checks(args: argparse.Namespace) -> list[Check]:
     for status in trio.run(probe, config):
         what = f"mcp {status.name}"
         if status.state == "up":
-            checks.append(Check(what, True, f"{status.tools} tools as {status.prefix}* ({status.target})"))
+            checks.append(Check(what, True, f"{counted(status.tools, 'tool')} as {status.prefix}* ({status.target})"))
             continue
         tail = f"; stderr: {' | '.join(status.stderr_tail[-3:])}" if status.stderr_tail else ""
         fix = (f"run `{status.target}` by hand to see why"
@@ -277,7 +278,7 @@ def _plugin_checks(args: argparse.Namespace) -> list[Check]:
     checks = []
     for p in load_all(config).plugins:
         if p.state == "loaded":
-            checks.append(Check(f"plugin {p.name}", True, f"{len(p.tools)} tools ({p.source})"))
+            checks.append(Check(f"plugin {p.name}", True, f"{counted(len(p.tools), 'tool')} ({p.source})"))
         elif p.state == "failed":
             checks.append(Check(f"plugin {p.name}", False, p.reason or "failed",
                                 f"fix {p.shown_path()}, or turn it off: [plugins.{p.name}] enabled = false"))

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from acp_host.safe_text import json_safe, terminal_safe, without_escapes
 from crucible.redaction import redact
 
-__all__ = ["SafeFormatter", "SafeStream", "human_size", "install_log_handler", "json_safe", "log_lines_to",
+__all__ = ["SafeFormatter", "SafeStream", "counted", "human_size", "install_log_handler", "json_safe", "log_lines_to",
            "sanitize", "shown_path", "without_escapes"]
 
 
@@ -35,10 +35,15 @@ def shown_path(path: Path | str) -> str:
     return "~" if rel == Path(".") else f"~/{rel}"
 
 
+def counted(n: int, word: str) -> str:
+    """`n` and `word`, plural unless one: 1 note, 4 tools."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def human_size(n: int) -> str:
     """A size in bytes as a person reads it: 68 bytes, 12 kB, 83.5 MB."""
     if n < 1000:
-        return f"{n} byte{'' if n == 1 else 's'}"
+        return counted(n, "byte")
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 

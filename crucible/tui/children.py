@@ -12,7 +12,7 @@ from typing import Any
 from acp_host.session import ToolCall
 from crucible.events import ChildEvent, ChildStatus, Notice
 from crucible.permissions import tool_key_from_acp
-from crucible.terminal import sanitize
+from crucible.terminal import counted, sanitize
 from crucible.tui.feed import Feed
 from crucible.tui.markdown import Fragment, Fragments, wrap
 from crucible.tui.transcript import MAX_ENTRIES, Entry, TextEntry, TranscriptControl
@@ -33,10 +33,6 @@ def child_status_word(status: str, detail: str = "") -> str:
         outcome = detail.split(":", 1)[0].strip()
         return {"completed": "done", "timed_out": "timed out"}.get(outcome, outcome or "done")
     return "running"  # started, notices
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 class SectionFeed(Feed):
@@ -111,7 +107,7 @@ class ChildSection(Entry):
 
     def summary(self) -> str:
         ended = f"{self.status} in {self.seconds:g} s" if self.seconds is not None else self.status
-        return f"{_plural(self.feed.messages, 'message')}, {_plural(self.tool_calls, 'tool call')} · {ended}"
+        return f"{counted(self.feed.messages, 'message')}, {counted(self.tool_calls, 'tool call')} · {ended}"
 
     def rows_reversed(self, width: int) -> Iterator[Fragments]:
         width = max(1, width)
