@@ -44,16 +44,47 @@ class ChatCompleter(Completer):
         m = re.search(r'(?<!\S)@("?)([^\s"]*)$', before)
         if m is None:
             return
-        typed = m.group(2).lower()
-        count = 0
-        for path in self.notes():
-            low = path.lower()
-            if typed in low:
-                text = f'@"{path}"' if " " in path else f"@{path}"
-                yield Completion(text, start_position=-(len(m.group(0))), display=path)
-                count += 1
-                if count >= 50:
-                    return
+        for path in note_matches(m.group(2), self.notes()):
+            text = f'@"{path}"' if " " in path else f"@{path}"
+            yield Completion(text, start_position=-(len(m.group(0))), display=path)
+
+
+def _in_order(typed: str, text: str) -> bool:
+    """Every character of `typed` in `text`, in order (`clicfg` in `help/cli/config.md`)."""
+    at = 0
+    for ch in typed:
+        at = text.find(ch, at) + 1
+        if not at:
+            return False
+    return True
+
+
+def note_matches(typed: str, paths: list[str], limit: int = 50) -> list[str]:
+    """The notes `@typed` offers, best first, as a file finder ranks them: the note named so, then
+    names that start with it, names that hold it, paths that hold it, paths that hold its letters
+    in order; within each, the shallower and shorter path first."""
+    want = typed.lower()
+    tiers: list[list[tuple[int, int, str]]] = [[] for _ in range(5)]
+    loose: list[str] = []
+    for path in paths:
+        low = path.lower()
+        name = low.rsplit("/", 1)[-1].removesuffix(".md")
+        if want == name:
+            tier = 0
+        elif name.startswith(want):
+            tier = 1
+        elif want in name:
+            tier = 2
+        elif want in low:
+            tier = 3
+        else:
+            loose.append(path)
+            continue
+        tiers[tier].append((path.count("/"), len(path) if want else 0, path))
+    found = sum(len(t) for t in tiers)
+    if found < limit and len(want) >= 2:  # only what the closer matches leave room for
+        tiers[4] = [(p.count("/"), len(p), p) for p in loose if _in_order(want, p.lower())]
+    return [path for tier in tiers for _, _, path in sorted(tier)][:limit]
 
 
 class ChatInput:

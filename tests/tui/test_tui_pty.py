@@ -432,6 +432,25 @@ def test_note_mention_is_completed_and_embedded(tui: TuiRunner) -> None:
     leave(screen)
 
 
+def test_note_completion_puts_the_note_named_so_first_and_finds_letters_in_order(tui: TuiRunner) -> None:
+    # `@in` offered `Cooking/Knife sharpening.md` first (every path holding "in", in alphabetical
+    # order); a file finder offers the notes whose name starts so, and takes letters in order.
+    screen = tui.open(None)
+    screen.wait_for("ready")
+    screen.send("read @in")
+    screen.wait_for("Cooking/Knife sharpening.md")  # the menu is up
+    screen.send("\t")
+    screen.send("\r")
+    screen.wait_for("read @Inbox.md")
+    screen.send(" and @rbw")
+    screen.wait_for("How-to/Git rebase workflow.md")
+    screen.send("\t")
+    screen.send("\r")
+    screen.wait_for('read @Inbox.md and @"How-to/Git rebase workflow.md"')
+    screen.send("\x15")  # Ctrl-U empties the line: Ctrl-D leaves only from an empty one
+    leave(screen)
+
+
 def test_big_message_and_flood_keep_the_screen_responsive(tui: TuiRunner) -> None:
     script = {"prompts": [[{"big_text_mib": 5}, {"text": "\nBIG-END"}],
                           [{"flood": {"count": 10000, "text": "y"}}, {"text": "\nFLOOD-END"}],

@@ -287,3 +287,17 @@ def test_the_chat_leaves_its_callers_options_as_they_were(tmp_path: Path) -> Non
     # The chat asks the person through its dialog; whoever made the options keeps theirs.
     assert opts.asker is deny_asker and ui.opts.asker is ui.queue
     assert ui.status.label == "agent" and ui.opts.kiln == tmp_path
+
+
+def test_note_matches_rank_as_a_file_finder() -> None:
+    from crucible.tui.input import note_matches
+
+    paths = ["A/Index notes.md", "Help/CLI/Index.md", "Index.md", "Agents/Index.md", "Big/reindexing.md",
+             "Index/other.md", "Cooking/Knife sharpening.md"]
+    assert note_matches("index", paths) == ["Index.md", "Agents/Index.md", "Help/CLI/Index.md",  # the name
+                                            "A/Index notes.md",  # a name that starts so
+                                            "Big/reindexing.md",  # a name that holds it
+                                            "Index/other.md"]  # a folder
+    assert note_matches("ksh", paths) == ["Cooking/Knife sharpening.md"]  # letters in order
+    assert note_matches("", paths)[:2] == ["Index.md", "A/Index notes.md"]  # the shallowest first
+    assert len(note_matches("", [f"n{i}.md" for i in range(500)])) == 50
