@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
+from crucible.permissions import bridge_tool_name
 from crucible.session_store import (
     Conversation,
     SessionStore,
@@ -122,7 +123,9 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
 
 
 def _tool_lines(call: dict[str, Any]) -> list[str]:
-    out = ["", f"- tool `{call.get('title') or call.get('id', '')}` ({call.get('kind') or 'other'}): "
+    title = str(call.get("title") or call.get("id", ""))
+    # A bridge tool by its own name, as the chat shows it (not `crucible_x` or `mcp__crucible__x`)
+    out = ["", f"- tool `{bridge_tool_name(title) or title}` ({call.get('kind') or 'other'}): "
                f"{call.get('status') or 'pending'}"]
     if call.get("input"):
         out.append(f"  - arguments: `{call['input']}`")

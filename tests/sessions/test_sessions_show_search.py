@@ -25,7 +25,8 @@ def _cru(chat: ChatRunner, *argv: str, check: bool = True) -> subprocess.Complet
 
 
 SEARCH_TURN = [
-    {"tool_call": {"toolCallId": "c1", "title": "semantic_search", "kind": "search", "status": "pending"}},
+    # OpenCode's title for a bridge tool: shown by its own name, as in the chat
+    {"tool_call": {"toolCallId": "c1", "title": "crucible_semantic_search", "kind": "search", "status": "pending"}},
     {"tool_call_update": {"toolCallId": "c1", "rawInput": {"query": "tomato seedlings"}}},
     {"tool_call_update": {"toolCallId": "c1", "status": "completed", "content": [
         {"type": "content", "content": {"type": "text", "text": "Garden/Tomatoes.md — Tomatoes\nGarden/Beds.md"}}]}},
