@@ -60,7 +60,8 @@ class ChatUI:
     def __init__(self, opts: SessionOptions, history: History | None = None) -> None:
         self.queue = PermissionQueue(self.permissions_changed)
         self.queue.kiln, self.queue.cwd = opts.kiln, opts.cwd
-        self.questions = ElicitationQueue(self.refresh_now)  # upstream MCP servers' questions
+        # upstream MCP servers' questions
+        self.questions = ElicitationQueue(self.refresh_now, lambda: not self.input.buffer.text)
         # the caller's options stay as they were
         self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
         self.prompts = PromptQueue(self.refresh_now)

@@ -32,6 +32,10 @@ class PendingQuestion:
     ask: ElicitationAsk
     answered: trio.Event = field(default_factory=trio.Event)
     answer: ElicitAnswer | None = None
+    # The input box is this question's answer: it was empty when the question came first, or has
+    # been emptied since. Until then Enter sends the person's draft as a prompt, as they meant
+    # it, and Esc is theirs (Esc-Enter): a sentence typed for the agent never answers a server.
+    takes_box: bool = False
 
 
 def _fields(ask: ElicitationAsk) -> dict[str, dict[str, Any]]:
@@ -241,9 +245,10 @@ def field_line(name: str, prop: dict[str, Any], required: bool) -> str:
 class ElicitationQueue:
     """The TUI's `Elicitor`: `await queue(ask)` waits for the person's answer."""
 
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(self, on_change: Callable[[], None], box_empty: Callable[[], bool] = lambda: True) -> None:
         self.items: deque[PendingQuestion] = deque()
         self.on_change = on_change
+        self.box_empty = box_empty  # whether the input box holds nothing
 
     async def __call__(self, ask: ElicitationAsk) -> ElicitAnswer:
         pending = PendingQuestion(ask)
@@ -261,6 +266,16 @@ class ElicitationQueue:
     @property
     def current(self) -> PendingQuestion | None:
         return self.items[0] if self.items else None
+
+    @property
+    def answering(self) -> bool:
+        """Enter and Esc go to the first question (its answer is in the input box). Looked at
+        each frame and key: a box emptied without a text-changed event (a prompt sent, which
+        resets it) counts as soon as it is seen."""
+        pending = self.current
+        if pending is not None and not pending.takes_box and self.box_empty():
+            pending.takes_box = True
+        return pending is not None and pending.takes_box
 
     def _settle(self, answer: ElicitAnswer) -> None:
         pending = self.items.popleft()
@@ -315,6 +330,12 @@ class ElicitationQueue:
             how = "type the answer, Enter: send" + (" (empty: the default)" if fields and "default" in
                                                    next(iter(fields.values())) else "")
         more = len(self.items) - 1
+        waiting = [("class:dim", f"(+{more} waiting)")] if more else []
+        if not self.answering:  # the person's draft is in the box: theirs to send first
+            lines.append([("class:dialog.key", " Enter "),
+                          ("", " sends what you typed as a prompt (it waits its turn); then answer here  ")]
+                         + waiting)
+            return lines
         lines.append([("class:dialog.key", " Enter "), ("", f" {how}  "), ("class:dialog.key", " Esc "),
-                      ("", " decline  ")] + ([("class:dim", f"(+{more} waiting)")] if more else []))
+                      ("", " decline  ")] + waiting)
         return lines

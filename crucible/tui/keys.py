@@ -67,7 +67,7 @@ class ChatKeys:
         kb = KeyBindings()
         dialog = Condition(lambda: ui.dialog_up)
         # An upstream MCP server's question (nothing else asked before it): typed, then Enter.
-        question = Condition(lambda: not ui.dialog_up and ui.questions.current is not None)
+        question = Condition(lambda: not ui.dialog_up and ui.questions.answering)
 
         @kb.add("enter", filter=question)
         def _answer_question(event: KeyPressEvent) -> None:

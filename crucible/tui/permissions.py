@@ -229,7 +229,8 @@ def dialog_lines(queue: PermissionQueue, question: Question | None = None,
     keys), else the chat's own question, else an upstream server's question; at most `max_rows`
     rows of `width`. Made once per question and size: every frame draws it (and a diff of a big
     note is not cheap)."""
-    key = (queue.current, len(queue.items), question, questions.current if questions is not None else None,
+    current = questions.current if questions is not None else None
+    key = (queue.current, len(queue.items), question, current, questions is not None and questions.answering,
            width, max_rows)
     if queue.view is not None and queue.view[0] == key:
         return queue.view[1]

@@ -65,6 +65,37 @@ def test_elicitation_is_answered_in_the_dialog_and_mcp_shows_the_servers(tui: An
         line.split()[:2] == ["up", "up"] and "tools" in line for line in s.splitlines()))
 
 
+def test_a_question_that_opens_while_the_person_types_never_takes_their_sentence(tui: Any) -> None:
+    # Typing a follow-up while the agent works, a server's question opened: Enter took the sentence
+    # as the answer (sent to the server) and a first Esc of Esc-Enter declined it. The draft stays
+    # theirs: Enter queues it as a prompt; then the box answers the question.
+    call = {"mcp_call": {"server": "crucible", "tool": "up_elicit_name", "arguments": {}}, "echo": True}
+    script = {"initialize": {"result": {"agentCapabilities": {"mcpCapabilities": {"http": True, "sse": False}}}},
+              "new_session": {"list_mcp_tools": True},
+              "prompts": [[{"sleep": 2}, dict(call, **{"as": "ask"}), {"text": "\nasked"}],
+                          [{"text": "\nsecond turn"}]]}
+    screen = tui.open(script, cols=120, rows=30)
+    screen.wait_for("›")
+    screen.type_line("go")
+    screen.send("say it shorter")
+    screen.wait_all("Question from MCP server up", "Enter  sends what you typed as a prompt")
+    screen.send("\x1b\r")  # Esc-Enter adds a line to the draft (its Esc does not decline)
+    screen.send("please")
+    screen.wait_for("please")
+    screen.send("\r")  # Enter: the draft goes to the queue, not to the server
+    screen.wait_all("type the answer, Enter: send", "1. say it shorter")
+    assert not any(e.get("kind") == "result" for e in tui.agent_log())
+    screen.send("Grace")
+    screen.wait_for("Grace")
+    screen.send("\r")
+    answered = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("as") == "ask")
+    assert result_text(answered) == "action=accept content={'name': 'Grace'}"
+    screen.wait_for("second turn")  # the queued sentence was sent as the next prompt
+    prompts = [e["frame"]["params"]["prompt"][0]["text"] for e in tui.agent_log()
+               if e.get("kind") == "in" and e["frame"].get("method") == "session/prompt"]
+    assert prompts[-1] == "say it shorter\nplease", prompts
+
+
 def test_a_form_of_every_field_kind_is_shown_checked_and_sent_as_the_spec_types_it(tui: Any) -> None:
     # The MCP spec's select fields (titled choices, multi-selects, the older enumNames) and bounds:
     # the dialog says what each takes, a wrong answer says what is wrong and stays to be mended,
