@@ -174,6 +174,29 @@ class PermissionPolicy:
         """An "always" answer from the person, for the rest of this session."""
         self.remembered[tool_name] = rule
 
+    def rules(self) -> list[tuple[str, str, Rule]]:
+        """Every rule this session's decisions come from, in the order they are consulted:
+        (where it is from, tool pattern, rule); a delegated child's parent's bound last."""
+        who = f"card {self.card_name}" if self.card_name else "card"
+        out: list[tuple[str, str, Rule]] = [(who, k, v) for k, v in self.card_rules.items()]
+        out += [("config [permissions]", k, v) for k, v in self.config_rules.items()]
+        out += [("remembered this session", k, v) for k, v in self.remembered.items()]
+        if self.parent is not None:
+            out += [(f"parent: {source}", k, v) for source, k, v in self.parent.rules()]
+        return out
+
+    def forget(self, tool_name: str) -> list[str]:
+        """Drop the remembered answer and the config rule named exactly `tool_name` (the person
+        saved it with a key, perhaps by mistake); what was dropped, as text."""
+        dropped = []
+        if tool_name in self.remembered:
+            dropped.append(f"the remembered answer {tool_name} = {self.remembered.pop(tool_name)}")
+        if tool_name in self.config_rules:
+            rule = self.config_rules[tool_name]
+            self.config_rules = {k: v for k, v in self.config_rules.items() if k != tool_name}
+            dropped.append(f"the config rule {tool_name} = {rule}")
+        return dropped
+
     def child(self, card_rules: Mapping[str, Rule], card_name: str | None) -> PermissionPolicy:
         """A delegated child's policy: its card's rules, bounded by everything this one allows."""
         label = f"{self.label} › {card_name}" if self.label and card_name else (card_name or self.label)

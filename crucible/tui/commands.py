@@ -6,6 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import trio
+
+from crucible.errors import CrucibleError
 from crucible.kiln_calls import kiln_search_text
 from crucible.terminal import sanitize
 from crucible.tui.permissions import Question
@@ -21,6 +24,7 @@ OWN_COMMANDS: dict[str, str] = {
     "sessions": "find a saved conversation (titles and text, any agent) and go on with it here",
     "card": "show the agent card of this session",
     "mcp": "the upstream MCP servers: up or down, their tools, the last error",
+    "permissions": "the tool rules in effect; /permissions forget TOOL drops an 'always' answer",
     "usage": "tokens and cost, this turn and this session",
     "children": "expand/collapse the delegated child sessions (/children open|close)",
     "mode": "list the agent's modes, or /mode ID to switch (Shift-Tab cycles)",
@@ -125,6 +129,48 @@ class Commands:
         else:
             rules = ", ".join(f"{k}={v}" for k, v in card.tools.items()) or "none"
             self.ui.notice(f"card {card.name}: {card.description}\ntool rules: {rules}")
+
+    async def do_permissions(self, args: str) -> None:
+        """/permissions: where each tool decision comes from; `forget TOOL` undoes an "always"
+        answer (remembered, or saved in the config with `s`/`x`)."""
+        session = self.ui.session
+        policy = session.policy if session is not None else None
+        if policy is None:
+            self.ui.notice("no session yet: the rules are listed once the agent is up")
+            return
+        verb, _, tool = args.strip().partition(" ")
+        tool = tool.strip()
+        if verb == "forget" and tool:
+            await self._forget_rule(policy, tool)
+            return
+        if verb:
+            self.ui.error(f"/permissions {args.strip()}: use /permissions or /permissions forget TOOL")
+            return
+        lines = ["Tool rules, consulted in this order (in each, the longest matching pattern decides):"]
+        lines += [f"  {source}: {pattern} = {rule}" for source, pattern, rule in policy.rules()]
+        lines += ["  otherwise: read-only tools run, tools that change things ask",
+                  "/permissions forget TOOL drops an always-answer (and the config rule of that name)"]
+        self.ui.notice(sanitize("\n".join(lines)))
+
+    async def _forget_rule(self, policy: Any, tool: str) -> None:
+        from crucible.config import config_path  # /permissions forget only
+        from crucible.tui.permissions import drop_permission_rule
+
+        dropped = policy.forget(tool)
+        path = self.ui.opts.config.source or config_path()
+        try:
+            if await trio.to_thread.run_sync(drop_permission_rule, path, tool):
+                if not any(d.startswith("the config rule") for d in dropped):
+                    dropped.append(f"the config rule {tool}")
+                dropped[-1] += f" (removed from {path.name})"
+        except (OSError, CrucibleError) as exc:
+            self.ui.error(f"could not edit {path.name}: {getattr(exc, 'message', exc)}")
+        card = [pattern for source, pattern, _ in policy.rules() if source.startswith("card") and pattern == tool]
+        said = (f"forgot {' and '.join(dropped)}: {tool} follows the other rules now (/permissions lists them)"
+                if dropped else f"no remembered answer or saved rule named {tool}")
+        if card:
+            said += f" (the card's own rule for {tool} stays: edit the card to change it)"
+        self.ui.notice(sanitize(said))
 
     async def do_kiln_search(self, args: str) -> None:
         """/kiln-search WORDS: the kiln's notes for WORDS (as `cru acp`'s command), no model turn."""

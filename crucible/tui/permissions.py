@@ -325,17 +325,33 @@ def dialog_height(queue: PermissionQueue, question: Question | None = None,
     return Dimension.exact(len(dialog_lines(queue, question, questions, columns, max(6, rows // 2))))
 
 
+def _config_doc(path: Path) -> tomlkit.TOMLDocument:
+    """The config file as a tomlkit document (comments and order kept); empty when absent."""
+    if not path.exists():
+        return tomlkit.document()
+    try:
+        text = path.read_text(encoding="utf-8")
+        load_toml(text)  # bounded first: tomlkit recurses on deep nesting too
+        return tomlkit.parse(text)
+    except (TOMLKitError, BoundedLoadError, ValueError) as exc:
+        raise CrucibleError(f"{path.name} is not valid TOML ({exc})", "fix the file, then try again") from None
+
+
+def drop_permission_rule(path: Path, tool: str) -> bool:
+    """Remove `tool = …` from `[permissions]`, keeping the rest of the file; False when absent."""
+    doc = _config_doc(path)
+    section = doc.get("permissions")
+    if not isinstance(section, dict) or tool not in section:
+        return False
+    del section[tool]
+    atomic_write_text(path, tomlkit.dumps(doc), new_file_mode=FILE_MODE)
+    return True
+
+
 def save_permission_rule(path: Path, tool: str, rule: str) -> None:
     """Add or replace `tool = rule` under `[permissions]`, keeping everything else in the file,
     comments and order included (tomlkit round-trips the document)."""
-    doc = tomlkit.document()
-    if path.exists():
-        try:
-            text = path.read_text(encoding="utf-8")
-            load_toml(text)  # bounded first: tomlkit recurses on deep nesting too
-            doc = tomlkit.parse(text)
-        except (TOMLKitError, BoundedLoadError, ValueError) as exc:
-            raise CrucibleError(f"{path.name} is not valid TOML ({exc})", "fix the file, then save the rule again") from None
+    doc = _config_doc(path)
     if "permissions" not in doc:
         doc["permissions"] = tomlkit.table()
     section = doc["permissions"]

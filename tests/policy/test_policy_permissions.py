@@ -66,3 +66,19 @@ def test_child_never_widens_parent_deny() -> None:
 def test_rules_accept_booleans() -> None:
     assert normalize_rule(True) == "allow" and normalize_rule(False) == "deny"
     assert normalize_rule("ask") == "ask"
+
+
+def test_rules_list_every_source_and_forget_drops_an_always_answer() -> None:
+    parent = PermissionPolicy(config_rules={"delete_*": "deny"})
+    parent.remember("create_note", "allow")
+    child = parent.child({"update_note": "ask"}, "reviewer")
+    child.remember("update_note", "allow")
+    assert child.rules() == [("card reviewer", "update_note", "ask"), ("config [permissions]", "delete_*", "deny"),
+                             ("remembered this session", "update_note", "allow"),
+                             ("parent: config [permissions]", "delete_*", "deny"),
+                             ("parent: remembered this session", "create_note", "allow")]
+    assert parent.forget("create_note") == ["the remembered answer create_note = allow"]
+    assert parent.decide(ToolKey("create_note", bridge=True, read_only=False)).rule == "ask"
+    assert parent.forget("delete_*") == ["the config rule delete_* = deny"]
+    assert parent.decide(ToolKey("delete_note", bridge=True, read_only=False)).rule == "ask"
+    assert parent.forget("nothing") == []

@@ -188,6 +188,33 @@ def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: P
     leave(screen)
 
 
+def test_permissions_lists_the_rules_and_forgets_an_always_answer(tui: TuiRunner, tmp_path: Path) -> None:
+    # `s` saves "always allow" in the config with one key: /permissions shows where each decision
+    # comes from, and `forget` undoes it (in the session and in the file) without leaving the chat.
+    config = tmp_path / "xdg-config" / "crucible" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('# mine\ndefault_agent = "claude"\n\n[permissions]\nread_note = "allow"\n')
+    screen = tui.open(load_script("permission-claude.json"))
+    screen.wait_for("ready")
+    screen.type_line("clean up")
+    screen.wait_for("Permission:")
+    screen.send("s")
+    screen.wait_for("saved [permissions] delete_note")
+    screen.type_line("/permissions")
+    screen.wait_all("config [permissions]: read_note = allow", "remembered this session: delete_note = allow",
+                    "otherwise: read-only tools run")
+    screen.type_line("/permissions forget delete_note")
+    screen.wait_all("forgot the remembered answer delete_note = allow and the config rule delete_note",
+                    "(removed from config.toml): delete_note follows the other rules now")
+    assert config.read_text() == '# mine\ndefault_agent = "claude"\n\n[permissions]\nread_note = "allow"\n'
+    screen.type_line("/permissions")
+    screen.wait_for(lambda s: s.count("otherwise: read-only tools run") == 2)
+    assert screen.text().count("remembered this session") == 1  # only in the first listing
+    screen.type_line("/permissions forget nothing_here")
+    screen.wait_for("no remembered answer or saved rule named nothing_here")
+    leave(screen)
+
+
 def test_an_agent_build_known_to_lag_after_a_cancel_says_so_once_with_the_update(tui: TuiRunner) -> None:
     """The old claude-agent-acp package answers one prompt late after a cancelled turn (upstream
     #551; seen by hand here): the chat says so at the first cancel, with the update, and once."""
