@@ -67,6 +67,10 @@ class SessionMeta:
     # built-in or a profile, which `agent` names.
     agent_command: list[str] | None = None
     title_source: str = ""  # "agent" (its session_info_update) or "prompt" (the first one)
+    # The agent's mode and model the person chose last (/mode, Shift-Tab, /model, --mode,
+    # --model): set again when the conversation is resumed with the same agent.
+    mode: str | None = None
+    model: str | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> SessionMeta:

@@ -475,6 +475,12 @@ class CrucibleSession:
         if self.on_permission is not None:
             self.on_permission(title, decision, reason)
 
+    def chose(self, what: Literal["mode", "model"], value: str) -> None:
+        """The person switched the agent's mode or model: saved, so a resume sets it again."""
+        if getattr(self.writer.meta, what) != value:
+            setattr(self.writer.meta, what, value)
+            self.writer.save_meta()
+
     def warn(self, message: str) -> None:
         """Something the person should know that does not stop the session; saved with it."""
         self.warnings.append(message)
@@ -766,6 +772,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
             writer.meta.agent_session_id = acp.session_id
             writer.save_meta()
             await _apply_card_settings(session, acp)
+            await _apply_saved_choices(session, acp)
             await _apply_requested_settings(session, acp)
             with trio.move_on_after(BRIDGE_GRACE):
                 await session.bridge_listed.wait()
@@ -826,15 +833,38 @@ async def _apply_card_settings(session: CrucibleSession, acp: AcpSession) -> Non
         session.warn(problem)
 
 
+async def _apply_saved_choices(session: CrucibleSession, acp: AcpSession) -> None:
+    """A resumed conversation goes on in the mode and with the model the person chose last (with
+    the same agent); one it no longer offers is said, and the agent's own is kept."""
+    old, opts = session.previous, session.opts
+    if old is None or old.agent != opts.agent.name:
+        return
+    setters: tuple[tuple[Literal["mode", "model"], str | None, str | None, Any], ...] = (
+        ("mode", old.mode, acp.state.mode_now, set_mode), ("model", old.model, acp.state.model_now, set_model))
+    for what, value, now, setter in setters:
+        if not value or getattr(opts, what) or value == now:
+            continue
+        problem = await setter(acp, value)
+        if problem:
+            session.warn(f"this conversation was in {what} {value!r}, which the agent no longer takes ({problem}); "
+                         f"it goes on in the agent's own")
+        else:
+            session.chose(what, value)
+
+
 async def _apply_requested_settings(session: CrucibleSession, acp: AcpSession) -> None:
     """--mode and --model: the person asked for them, so a value the agent lacks is an error."""
     opts = session.opts
-    for what, value, setter in (("mode", opts.mode, set_mode), ("model", opts.model, set_model)):
+    setters: tuple[tuple[Literal["mode", "model"], str | None, Any], ...] = (
+        ("mode", opts.mode, set_mode), ("model", opts.model, set_model))
+    for what, value, setter in setters:
         if value:
             problem = await setter(acp, value)
             if problem:
                 raise CrucibleError(f"the agent {opts.agent.name} has no {what} {value!r}: {problem}",
                                     f"pass one of the values it offers with --{what}, or leave --{what} out")
+            # as the agent names it (--model fake-model is fake/fake-model)
+            session.chose(what, (acp.state.mode_now if what == "mode" else acp.state.model_now) or value)
 
 
 async def set_mode(acp: AcpSession, wanted: str) -> str | None:

@@ -235,6 +235,8 @@ class Commands:
         except Exception as exc:  # the agent's refusal is shown, the chat goes on
             self.ui.error(f"the agent refused mode {sanitize(mode_id)}: {exc}")
             return
+        if self.ui.session is not None:
+            self.ui.session.chose("mode", mode_id)
         self.ui.say_flash(f"mode: {sanitize(mode_id)}")
 
     async def cycle_mode(self) -> None:
@@ -287,6 +289,8 @@ class Commands:
         except Exception as exc:  # the agent's refusal is shown, the chat goes on
             self.ui.error(f"the agent refused model {sanitize(args)}: {exc}")
             return
+        if self.ui.session is not None:
+            self.ui.session.chose("model", args)
         self.ui.say_flash(f"model: {sanitize(args)}")
 
     async def do_restart(self, args: str) -> None:

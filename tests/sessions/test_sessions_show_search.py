@@ -184,6 +184,26 @@ def test_resume_passes_model_through(chat: ChatRunner, tmp_path: Path) -> None:
     assert ("model", "fake/smart") in [(p["configId"], p["value"]) for p in _sent(chat, "session/set_config_option")]
 
 
+def test_resume_goes_on_in_the_mode_and_model_chosen_last(chat: ChatRunner) -> None:
+    # A conversation resumed started in the agent's defaults again: the plan mode and the model the
+    # person had chosen were lost. They are set again (same agent), and one no longer offered is said.
+    assert chat.run(OFFERS, "first", "--model", "smart", "--mode", "plan").returncode == 0
+    sid = _cru(chat, "session", "list").stdout.split()[0]
+    before = len(_sent(chat, "session/set_mode")), len(_sent(chat, "session/set_config_option"))
+    res = _cru(chat, "session", "resume", sid, "-p", "again")
+    assert "echo: again" in res.stdout and "no longer" not in res.stderr
+    assert [p["modeId"] for p in _sent(chat, "session/set_mode")[before[0]:]] == ["plan"]
+    assert [(p["configId"], p["value"]) for p in _sent(chat, "session/set_config_option")[before[1]:]] == [
+        ("model", "fake/smart")]
+    # The agent dropped its plan mode since: said, and the conversation goes on in its default.
+    fewer = {"new_session": {"result": {**OFFERS["new_session"]["result"], "modes": {
+        "currentModeId": "default", "availableModes": [{"id": "default", "name": "Default"}]}}}}
+    chat.agent_command(fewer)  # (re)writes the script the saved agent command reads
+    res = _cru(chat, "session", "resume", sid, "-p", "once more")
+    assert "echo: once more" in res.stdout
+    assert "this conversation was in mode 'plan', which the agent no longer takes" in res.stderr, res.stderr
+
+
 def test_show_says_which_turns_did_not_end_as_a_whole_answer(chat: ChatRunner) -> None:
     chat.run({"prompts": [[{"text": "Half an ans"}, {"stop": "max_tokens"}]]}, "first")
     sid = _cru(chat, "session", "list").stdout.split()[0]

@@ -423,6 +423,11 @@ def test_slash_commands_modes_models_and_agent_commands(tui: TuiRunner) -> None:
     screen.send("\r")  # Enter on the conversation the chat is in: it stays
     screen.wait_for("that is the conversation you are in")
     leave(screen)
+    # The choices are saved with the conversation: a resume sets them again.
+    from crucible.session_store import SessionStore, sessions_root
+
+    meta = SessionStore(sessions_root(tui.env)).meta(_saved_session(tui.env))
+    assert (meta.mode, meta.model) == ("plan", "smart")
 
 
 def test_kiln_search_shows_the_notes_without_a_model_turn(tui: TuiRunner) -> None:
