@@ -810,7 +810,6 @@ class AcpAgentServer:
             return ElicitAnswer("cancel", note="cancelled in the editor")
         return ElicitAnswer("decline", note="declined in the editor")
 
-
     async def _tell_question_declined(self, fwd: UpdateForwarder, ask: ElicitationAsk, mode: str) -> None:
         """Once per session and server: the person would otherwise see only the tool's "declined",
         never that a server asked them something the editor cannot show."""

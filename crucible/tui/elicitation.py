@@ -5,8 +5,8 @@ The question waits in a FIFO queue like a permission request; the dialog shows t
 its message and the fields it wants (with their defaults). The person types the answer in the
 input box and presses Enter (one field, or the one required field without a default: the
 value; several: `name=value; other=value`; empty: the defaults; a choice by its value or its
-title, a multi-select's with commas), or Esc to decline. A question leaves the queue once: answered, declined, or
-withdrawn when the tool call that asked is cancelled.
+title, a multi-select's with commas), or Esc to decline. A question leaves the queue once:
+answered, declined, or withdrawn when the tool call that asked is cancelled.
 """
 
 from __future__ import annotations
@@ -213,10 +213,16 @@ def _shown_default(prop: dict[str, Any]) -> str:
     default = prop["default"]
     choices = dict(_choices(prop) or [])
     if isinstance(default, list):
-        return ", ".join(choices.get(str(v), str(v)) for v in default) if choices else json.dumps(default)
-    if isinstance(default, bool):
-        return "yes" if default else "no"
-    return choices.get(str(default)) or json.dumps(default, ensure_ascii=False)
+        shown = ", ".join(choices.get(str(v), str(v)) for v in default[:20]) if choices else json.dumps(default[:20])
+    elif isinstance(default, bool):
+        shown = "yes" if default else "no"
+    else:
+        shown = choices.get(str(default)) or json.dumps(default, ensure_ascii=False)[:200]
+    return _cut(shown, 60)
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most] + "…"
 
 
 def field_line(name: str, prop: dict[str, Any], required: bool) -> str:
@@ -238,8 +244,7 @@ def field_line(name: str, prop: dict[str, Any], required: bool) -> str:
     if "default" in prop:
         extra = f"default {_shown_default(prop)}"
     desc = str(prop.get("description") or prop.get("title") or "")
-    return (f"  {name}: {what}" + (f" ({extra})" if extra else "")
-            + (f" — {desc[:80]}{'…' if len(desc) > 80 else ''}" if desc else ""))
+    return f"  {_cut(name, 60)}: {what}" + (f" ({extra})" if extra else "") + (f" — {_cut(desc, 80)}" if desc else "")
 
 
 class ElicitationQueue:
