@@ -355,7 +355,7 @@ def e2e_main(args: argparse.Namespace) -> None:
 
     modes = [m for m in args.only.split(",") if m] if args.only != ",".join(MODES) else list(E2E_MODES)
     if args.before:
-        modes += ["before", "before-json"]
+        modes += [m for m in ("before", "before-json") if m not in modes]  # (--only may name them)
     unknown = set(modes) - set(E2E_MODES) - {"before", "before-json"}
     if unknown:
         raise SystemExit(f"unknown e2e modes {sorted(unknown)}; choose from {', '.join(E2E_MODES)}")
