@@ -18,7 +18,7 @@ import errno
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import trio
 from prompt_toolkit.application import Application
@@ -30,6 +30,7 @@ from prompt_toolkit.shortcuts import print_formatted_text
 from crucible import hard_stop
 from crucible.config import config_path, data_dir
 from crucible.errors import CrucibleError
+from crucible.permissions import Rule
 from crucible.private_files import open_private, private_dir
 from crucible.session_store import SessionStore
 from crucible.sessions import CrucibleSession, SessionOptions
@@ -272,6 +273,9 @@ class ChatUI:
         except (OSError, CrucibleError) as exc:
             self.error(f"could not save the rule {tool} = {rule}: {getattr(exc, 'message', exc)}")
             return
+        if self.session is not None:  # in effect now, as the file says (/permissions lists it there)
+            policy = self.session.policy
+            policy.config_rules = {**policy.config_rules, tool: cast(Rule, rule)}
         self.notice(f"saved [permissions] {tool} = \"{rule}\" in {path.name}")
 
     def quit(self) -> None:

@@ -201,8 +201,8 @@ def test_permissions_lists_the_rules_and_forgets_an_always_answer(tui: TuiRunner
     screen.send("s")
     screen.wait_for("saved [permissions] delete_note")
     screen.type_line("/permissions")
-    screen.wait_all("config [permissions]: read_note = allow", "remembered this session: delete_note = allow",
-                    "otherwise: read-only tools run")
+    screen.wait_all("config [permissions]: read_note = allow", "config [permissions]: delete_note = allow",
+                    "remembered this session: delete_note = allow", "otherwise: read-only tools run")
     screen.type_line("/permissions forget delete_note")
     screen.wait_all("forgot the remembered answer delete_note = allow and the config rule delete_note",
                     "(removed from config.toml): delete_note follows the other rules now")
