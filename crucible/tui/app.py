@@ -178,7 +178,7 @@ class ChatUI:
     def permissions_changed(self) -> None:
         """The dialog's permission question changed: the call it shows draws its diff there only."""
         for entry in self.feed.tools.values():
-            asking = self.queue.asks_about(entry.call.tool_call_id)
+            asking = self.queue.asks_about(entry.call)
             if asking != entry.asking:
                 entry.asking = asking
                 entry.redraw()

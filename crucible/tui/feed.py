@@ -163,7 +163,7 @@ class ChatFeed(Feed):
     def tool_call(self, event: ToolCallEvent) -> None:
         self.ui.children.track_call(event.call)
         entry = self.draw_tool_call(event.call)
-        entry.asking = self.ui.queue.asks_about(event.call.tool_call_id)
+        entry.asking = self.ui.queue.asks_about(event.call)
         if entry.asking:
             entry.redraw()
         call = event.call

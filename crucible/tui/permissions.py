@@ -29,7 +29,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.dimension import Dimension
 from tomlkit.exceptions import TOMLKitError
 
-from acp_host.session import Decision, DecisionKind
+from acp_host.session import Decision, DecisionKind, ToolCall
 from crucible.bounded_load import BoundedLoadError, load_toml
 from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text
@@ -150,11 +150,21 @@ class PermissionQueue:
     def current(self) -> Pending | None:
         return self.items[0] if self.items else None
 
-    def asks_about(self, tool_call_id: str) -> bool:
-        """The dialog shows this tool call now (its diff is there, not in the transcript)."""
+    def asks_about(self, call: ToolCall) -> bool:
+        """The dialog shows this tool call now (its diff is there, not in the transcript): the
+        agent's request for it, or the bridge's own ask for the same tool and arguments while
+        the call runs (OpenCode calls a kiln tool without asking; the bridge asks)."""
         current = self.current
-        request = current.ask.request if current is not None else None
-        return request is not None and request.tool_call.tool_call_id == tool_call_id
+        if current is None:
+            return False
+        request = current.ask.request
+        if request is not None:
+            return request.tool_call.tool_call_id == call.tool_call_id
+        asked = ask_bridge_call(current.ask)
+        if asked is None or call.status not in ("pending", "in_progress", None):
+            return False
+        running = bridge_call(call)
+        return running is not None and (running.name, running.args) == (asked.name, asked.args)
 
     def offered_keys(self, pending: Pending) -> list[str]:
         """The keys for the choices the agent offered (a bridge ask has all of them)."""

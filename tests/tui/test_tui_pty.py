@@ -618,6 +618,25 @@ def test_a_bridge_side_ask_goes_through_the_same_dialog(tui: TuiRunner, kiln: Pa
     leave(screen)
 
 
+def test_a_bridge_side_ask_draws_its_diff_once(tui: TuiRunner, kiln: Path) -> None:
+    # OpenCode shows its call of a kiln tool as running, then the bridge asks: the note's diff was
+    # drawn twice, in the call and in the dialog. As for an agent's own ask, the dialog has it.
+    args = {"path": "inbox/once.md", "content": "# Drawn once\n"}
+    turn = [{"tool_call": {"toolCallId": "oc1", "title": "crucible_create_note", "kind": "other",
+                           "status": "in_progress", "rawInput": args}},
+            {"mcp_call": {"server": "crucible", "tool": "create_note", "arguments": args}, "as": "create"},
+            {"tool_call_update": {"toolCallId": "oc1", "status": "completed"}}, {"text": "written"}]
+    screen = tui.open({"new_session": {"list_mcp_tools": True}, "prompts": [turn]})
+    screen.wait_for("ready")
+    screen.type_line("write it")
+    shown = screen.wait_all("Permission:", "reject once", "(its diff is in the permission dialog below)")
+    assert shown.count("+# Drawn once") == 1, shown
+    screen.send("y")
+    screen.wait_for("written")
+    assert (kiln / "inbox" / "once.md").read_text() == "# Drawn once\n"
+    leave(screen)
+
+
 def test_an_agent_that_cannot_start_leaves_the_chat_usable(tui: TuiRunner) -> None:
     # rows: the whole /help (commands and keys) fits, "Commands:" included
     screen = tui.open({"initialize": {"error": {"code": -32000, "message": "model backend unavailable"}}},
