@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from crucible.config import config_path
 from crucible.errors import CrucibleError
 from crucible.kiln_calls import kiln_search_text
 from crucible.terminal import sanitize
-from crucible.tui.permissions import Question
+from crucible.tui.permissions import Question, drop_permission_rule
 from crucible.tui.transcript import TextEntry
 
 if TYPE_CHECKING:
@@ -153,9 +154,6 @@ class Commands:
         self.ui.notice(sanitize("\n".join(lines)))
 
     async def _forget_rule(self, policy: Any, tool: str) -> None:
-        from crucible.config import config_path  # /permissions forget only
-        from crucible.tui.permissions import drop_permission_rule
-
         dropped = policy.forget(tool)
         path = self.ui.opts.config.source or config_path()
         try:
