@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import errno
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
@@ -44,7 +45,7 @@ from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
 from crucible.tui.keys import ChatKeys
 from crucible.tui.layout import ChatScreen
-from crucible.tui.permissions import PermissionQueue, Question, save_permission_rule
+from crucible.tui.permissions import HOLD, SETTLE, PermissionQueue, Question, save_permission_rule
 from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
@@ -67,6 +68,8 @@ class ChatUI:
         self.opts = replace(opts, asker=self.queue, elicitor=self.questions)
         self.prompts = PromptQueue(self.refresh_now)
         self.question: Question | None = None  # the chat's own question in the dialog
+        # A choice's key pressed and not yet acted on (another key within SETTLE: typing)
+        self.settling: tuple[str, Any] | None = None
         self.mouse = True  # the wheel scrolls; /mouse off hands the mouse back to the terminal
         self.session: CrucibleSession | None = None
         self.status = StatusBar(opts.agent.name + (f" › {opts.card.name}" if opts.card else ""))
@@ -244,18 +247,48 @@ class ChatUI:
             pass
 
     def answer_permission(self, key: str) -> None:
+        """A choice's key in the dialog: it answers once no other key follows it within SETTLE
+        (a sentence typed without noticing the dialog must not answer it with its first letter:
+        `a draft…` would allow always)."""
         if self.held_key(key):
             return
-        answered = self.queue.answer(key)
-        if answered is None:
+        if self.settling is not None:  # a key right after a choice's key: typing
+            self.typed_over_dialog(key)
             return
-        label, rule = answered
-        if rule is not None:
-            self.to_trio(self.save_rule, *rule)
+        pending = self.queue.current
+        if pending is None or key not in self.queue.offered_keys(pending):
+            return  # not a choice here: nothing happens
+        self.settling = (key, pending)
+        if self.app.loop is None:  # (not running: nothing can follow)
+            self._settle(key, pending)
+        else:
+            self.app.loop.call_later(SETTLE, self._settle, key, pending)
+
+    def _settle(self, key: str, pending: Any) -> None:
+        if self.settling != (key, pending):
+            return  # typing, after all
+        self.settling = None
+        if self.queue.current is not pending:
+            return  # withdrawn (the turn was cancelled) meanwhile
+        answered = self.queue.answer(key)
+        if answered is not None and answered[1] is not None:
+            self.to_trio(self.save_rule, *answered[1])
+
+    def typed_over_dialog(self, data: str) -> None:
+        """Another key came right after a choice's key: the person is typing, not answering.
+        Both go into the input box and the dialog holds its keys until they pause."""
+        if self.settling is None:
+            return
+        key, _ = self.settling
+        self.settling = None
+        self.input.buffer.insert_text(key)
+        self.queue.hold_until = time.monotonic() + HOLD
+        self.held_key(data)
 
     def held_key(self, data: str) -> bool:
-        """A key pressed while the dialog holds its keys (the person was typing when it opened):
-        it goes on into the input box, where they were typing. False when not held."""
+        """A key pressed while the dialog holds its keys (the person was typing when it opened,
+        or typed over it): it goes on into the input box, where they were typing. False when
+        not held."""
         if not self.queue.holding():
             return False
         buffer = self.input.buffer

@@ -56,6 +56,8 @@ class ChatKeys:
         def _other(event: KeyPressEvent) -> None:
             if ui.queue.current is None:
                 ui.answer_question(event.data)
+            elif ui.settling is not None:
+                ui.typed_over_dialog(event.data)  # a key right after a choice's key: typing
             else:
                 ui.held_key(event.data)  # still typing: into the input box, and the hold goes on
 

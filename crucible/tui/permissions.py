@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 # held until the typing pauses this long. Keys typed into an empty box never started a hold.
 TYPING_GAP = 1.0  # typed this recently when the question opened: they were typing
 HOLD = 0.6  # held until no key came for this long
+SETTLE = 0.3  # a choice's key acts when no other key follows it this soon (else: typing)
 
 # key -> (decision, save a rule to the config, label)
 KEYS: dict[str, tuple[DecisionKind, bool, str]] = {

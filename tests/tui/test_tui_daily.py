@@ -457,6 +457,36 @@ def test_a_question_that_opens_while_the_person_types_does_not_take_their_letter
     leave(screen)
 
 
+def test_a_sentence_typed_over_an_open_question_does_not_answer_it_with_its_first_letter(
+        tui: TuiRunner) -> None:
+    # The dialog was up a while, unnoticed; the person typed a follow-up: "a draft…" answered
+    # "allow always" with its first letter (seen by hand with OpenCode). A choice's key acts only
+    # when no other key follows it at once; typed on, the keys go into the input box.
+    ask = {"permission": {"toolCall": {"toolCallId": "c1", "title": "Delete everything", "kind": "delete"},
+                          "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
+                                      {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
+                                      {"optionId": "no", "name": "No", "kind": "reject_once"}]}}
+    screen = tui.open({"prompts": [[ask, {"text": "done"}]]})
+    screen.wait_for("ready")
+    screen.type_line("go")
+    screen.wait_for("Permission:")
+    time.sleep(1.5)  # up a while: not a question that opened while they typed
+    screen.send("a draft of it")
+    screen.wait_for(lambda s: "a draft of it" in s)
+    screen.wait_for("you were typing when this was asked")
+    time.sleep(0.5)
+    assert not [e for e in tui.agent_log() if e.get("kind") == "result" and e.get("step") == "permission"]
+    assert "Permission:" in screen.text()
+    time.sleep(1.0)  # a pause: now a key answers, on its own
+    screen.send("n")
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"] == {"outcome": "selected", "optionId": "no"}
+    screen.wait_for("done")
+    assert "a draft of it" in screen.text().splitlines()[-2]  # their sentence waits in the input box
+    screen.send("\x15")
+    leave(screen)
+
+
 def test_shift_tab_asks_before_a_mode_that_bypasses_permissions(tui: TuiRunner) -> None:
     modes = {"currentModeId": "default", "availableModes": [
         {"id": "default", "name": "Default"}, {"id": "acceptEdits", "name": "Accept Edits"},
