@@ -425,12 +425,16 @@ def test_steer_cancels_the_turn_and_sends_its_text_as_one_step(tui: TuiRunner) -
     leave(screen)
 
 
+# A question where each of y, a and n answers (and `a draft`, `say yes` hold them all).
+DELETE_EVERYTHING = {"permission": {"toolCall": {"toolCallId": "c1", "title": "Delete everything", "kind": "delete"},
+                                    "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
+                                                {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
+                                                {"optionId": "no", "name": "No", "kind": "reject_once"}]}}
+
+
 def test_a_question_that_opens_while_the_person_types_does_not_take_their_letters_as_answers(
         tui: TuiRunner) -> None:
-    ask = {"permission": {"toolCall": {"toolCallId": "c1", "title": "Delete everything", "kind": "delete"},
-                          "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
-                                      {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
-                                      {"optionId": "no", "name": "No", "kind": "reject_once"}]}}
+    ask = DELETE_EVERYTHING
     gate = tui.tmp / "open-the-question"
     screen = tui.open({"prompts": [[{"text": "working on it\n"}, {"wait_file": str(gate)}, ask,
                                     {"text": "done"}]]})
@@ -462,10 +466,7 @@ def test_a_sentence_typed_over_an_open_question_does_not_answer_it_with_its_firs
     # The dialog was up a while, unnoticed; the person typed a follow-up: "a draft…" answered
     # "allow always" with its first letter (seen by hand with OpenCode). A choice's key acts only
     # when no other key follows it at once; typed on, the keys go into the input box.
-    ask = {"permission": {"toolCall": {"toolCallId": "c1", "title": "Delete everything", "kind": "delete"},
-                          "options": [{"optionId": "always", "name": "Always", "kind": "allow_always"},
-                                      {"optionId": "yes", "name": "Yes", "kind": "allow_once"},
-                                      {"optionId": "no", "name": "No", "kind": "reject_once"}]}}
+    ask = DELETE_EVERYTHING
     screen = tui.open({"prompts": [[ask, {"text": "done"}]]})
     screen.wait_for("ready")
     screen.type_line("go")

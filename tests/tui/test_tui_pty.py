@@ -171,10 +171,12 @@ def test_a_tools_image_link_and_resource_are_named_not_dropped(tui: TuiRunner) -
     assert "\x1b" not in show.stdout
 
 
-def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: Path) -> None:
+def test_always_allow_with_save_writes_a_config_rule_and_permissions_forgets_it(tui: TuiRunner,
+                                                                              tmp_path: Path) -> None:
     config = tmp_path / "xdg-config" / "crucible" / "config.toml"
     config.parent.mkdir(parents=True)
-    config.write_text('default_agent = "claude"\n\n[permissions]\nread_note = "allow"\n')
+    mine = '# mine\ndefault_agent = "claude"\n\n[permissions]\nread_note = "allow"\n'
+    config.write_text(mine)
     screen = tui.open(load_script("permission-claude.json"))
     screen.wait_for("ready")
     screen.type_line("clean up")
@@ -185,28 +187,15 @@ def test_always_allow_with_save_writes_a_config_rule(tui: TuiRunner, tmp_path: P
     assert entry["result"]["result"]["outcome"]["optionId"] == "allow_always"
     saved = tomllib.loads(config.read_text())
     assert saved == {"default_agent": "claude", "permissions": {"read_note": "allow", "delete_note": "allow"}}
-    leave(screen)
-
-
-def test_permissions_lists_the_rules_and_forgets_an_always_answer(tui: TuiRunner, tmp_path: Path) -> None:
-    # `s` saves "always allow" in the config with one key: /permissions shows where each decision
-    # comes from, and `forget` undoes it (in the session and in the file) without leaving the chat.
-    config = tmp_path / "xdg-config" / "crucible" / "config.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text('# mine\ndefault_agent = "claude"\n\n[permissions]\nread_note = "allow"\n')
-    screen = tui.open(load_script("permission-claude.json"))
-    screen.wait_for("ready")
-    screen.type_line("clean up")
-    screen.wait_for("Permission:")
-    screen.send("s")
-    screen.wait_for("saved [permissions] delete_note")
+    # One key saved that rule: /permissions shows where each decision comes from, and `forget`
+    # undoes it (in the session and in the file, its comments kept) without leaving the chat.
     screen.type_line("/permissions")
     screen.wait_all("config [permissions]: read_note = allow", "config [permissions]: delete_note = allow",
                     "remembered this session: delete_note = allow", "otherwise: read-only tools run")
     screen.type_line("/permissions forget delete_note")
     screen.wait_all("forgot the remembered answer delete_note = allow and the config rule delete_note",
                     "(removed from config.toml): delete_note follows the other rules now")
-    assert config.read_text() == '# mine\ndefault_agent = "claude"\n\n[permissions]\nread_note = "allow"\n'
+    assert config.read_text() == mine
     screen.type_line("/permissions")
     screen.wait_for(lambda s: s.count("otherwise: read-only tools run") == 2)
     assert screen.text().count("remembered this session") == 1  # only in the first listing
