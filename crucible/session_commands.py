@@ -23,7 +23,7 @@ from crucible.session_store import (
     search_conversations,
     when_text,
 )
-from crucible.terminal import sanitize
+from crucible.terminal import counted, sanitize
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
     first = conv.entries[0]
     lines = [f"# {conv.title or 'Session ' + conv.id}", "",
              f"session {conv.id} · agent {conv.agent}" + (f" · card {conv.card}" if conv.card else "")
-             + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {conv.turns} turn{'' if conv.turns == 1 else 's'}"]
+             + f" · cwd {conv.latest.cwd} · {when_text(first.created)} – {when_text(conv.updated)} · {counted(conv.turns, 'turn')}"]
     records = list(message_records(records))
     # A tool call's records, by (turn, id): ids are the agent's, unique within a turn only.
     keys: list[tuple[int, str] | None] = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import errno
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
@@ -45,7 +44,7 @@ from crucible.tui.feed import ChatFeed
 from crucible.tui.input import ChatInput
 from crucible.tui.keys import ChatKeys
 from crucible.tui.layout import ChatScreen
-from crucible.tui.permissions import HOLD, SETTLE, PermissionQueue, Question, save_permission_rule
+from crucible.tui.permissions import SETTLE, PermissionQueue, Question, save_permission_rule
 from crucible.tui.picker import SessionPicker
 from crucible.tui.prompts import PromptQueue
 from crucible.tui.status import StatusBar
@@ -282,7 +281,7 @@ class ChatUI:
         key, _ = self.settling
         self.settling = None
         self.input.buffer.insert_text(key)
-        self.queue.hold_until = time.monotonic() + HOLD
+        self.queue.hold()
         self.held_key(data)
 
     def held_key(self, data: str) -> bool:

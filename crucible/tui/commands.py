@@ -11,7 +11,7 @@ import trio
 from crucible.config import config_path
 from crucible.errors import CrucibleError
 from crucible.kiln_calls import kiln_search_text
-from crucible.terminal import sanitize
+from crucible.terminal import counted, sanitize
 from crucible.tui.permissions import Question, drop_permission_rule
 from crucible.tui.transcript import TextEntry
 
@@ -345,14 +345,13 @@ class Commands:
         if code:
             blocks = [block for entry in answers for block in entry.code_blocks()]
             if len(blocks) < number:
-                ui.error(f"there {'is' if len(blocks) == 1 else 'are'} {len(blocks)} code block"
-                         f"{'' if len(blocks) == 1 else 's'} in the answers")
+                ui.error(f"there {'is' if len(blocks) == 1 else 'are'} {counted(len(blocks), 'code block')} "
+                         "in the answers")
                 return
             ui.copy(blocks[-number], "the code block" if number == 1 else f"code block {number} from the end")
             return
         if len(answers) < number:
-            ui.error(f"there {'is' if len(answers) == 1 else 'are'} {len(answers)} answer"
-                     f"{'' if len(answers) == 1 else 's'} to copy")
+            ui.error(f"there {'is' if len(answers) == 1 else 'are'} {counted(len(answers), 'answer')} to copy")
             return
         ui.copy(answers[-number].text(), "the last answer" if number == 1 else f"answer {number} from the end")
 

@@ -115,7 +115,11 @@ class PermissionQueue:
     def _opened(self) -> None:
         """A question is now first in line (the dialog shows it)."""
         if self.typing(TYPING_GAP):
-            self.hold_until = time.monotonic() + HOLD
+            self.hold()
+
+    def hold(self) -> None:
+        """The person is typing: the dialog's keys go into the input box until a pause of HOLD."""
+        self.hold_until = time.monotonic() + HOLD
 
     def holding(self) -> bool:
         """A key pressed while the dialog is up: True while it is held (the person was typing

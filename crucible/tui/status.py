@@ -21,7 +21,7 @@ from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.dimension import Dimension
 
 from acp_host.session import PlanChanged, TurnEnded, UsageChanged
-from crucible.terminal import sanitize
+from crucible.terminal import counted, sanitize
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 TICK = 0.125  # seconds between two frames of the spinner
@@ -146,7 +146,7 @@ class StatusBar:
         lines = []
         if self.turn_tokens is not None:
             lines.append(f"last turn: {self.turn_tokens} tokens")
-        lines.append(f"this session: {self.session_tokens} tokens over {self.turns} turn{'' if self.turns == 1 else 's'}")
+        lines.append(f"this session: {self.session_tokens} tokens over {counted(self.turns, 'turn')}")
         if self.cost is not None:
             lines.append(f"cost: {self.cost[0] - self.turn_start_cost:.4f} {self.cost[1]} last turn, "
                          f"{self.cost[0]:.4f} {self.cost[1]} this session")
