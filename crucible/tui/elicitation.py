@@ -176,12 +176,56 @@ def _field_named(fields: dict[str, dict[str, Any]], typed: str) -> str:
     raise ValueError(f"no field {name!r}: write name=value; name=value with the names shown")
 
 
+def _parts(text: str) -> list[str]:
+    """`name=value; name=value` cut at its semicolons, but not inside a value in double quotes
+    (`note="a; b"`): a quote counts only where a value starts, so `size=5" screen` is a value."""
+    parts: list[str] = []
+    cur: list[str] = []
+    state = "name"  # name -> (after '=') start -> value | quoted -> value
+    for ch in text:
+        if state == "quoted":
+            cur.append(ch)
+            state = "value" if ch == '"' else state
+            continue
+        if ch == ";":
+            parts.append("".join(cur))
+            cur, state = [], "name"
+            continue
+        cur.append(ch)
+        if state == "name" and ch == "=":
+            state = "start"
+        elif state == "start" and not ch.isspace():
+            state = "quoted" if ch == '"' else "value"
+    parts.append("".join(cur))
+    return parts
+
+
+def _name_and_value(fields: dict[str, dict[str, Any]], part: str) -> tuple[str, str]:
+    """The field a part names and its value (unquoted). A field's name may hold `=` itself: the
+    longest name the part starts with, then `=`, is the one."""
+    typed = part.lstrip()
+    for name in sorted(fields, key=len, reverse=True):
+        rest = typed[len(name):].lstrip()
+        if typed[:len(name)].casefold() == name.casefold() and rest.startswith("="):
+            value = rest[1:].strip()
+            break
+    else:
+        said, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"write name=value; name=value (the fields: {', '.join(list(fields)[:8])}"
+                             f"{', …' if len(fields) > 8 else ''})")
+        name, value = _field_named(fields, said), value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return name, value
+
+
 def parse_answer(ask: ElicitationAsk, text: str) -> dict[str, Any]:
     """The content for `ask` from what the person typed; ValueError says what is wrong.
 
     One field: its value (or `name=value`). Several: `name=value; name=value`, the others keep
-    their defaults. A multi-select's value is its choices separated by commas; a choice may be
-    typed by its value or its title."""
+    their defaults; a value holding `;` in double quotes (`note="a; b"`). A multi-select's value
+    is its choices separated by commas; a choice may be typed by its value or its title."""
     fields = _fields(ask)
     given: dict[str, str] = {}
     text = text.strip()
@@ -192,14 +236,10 @@ def parse_answer(ask: ElicitationAsk, text: str) -> dict[str, Any]:
         if only is not None and not text.casefold().startswith(only.casefold() + "="):
             given[only] = text  # the whole text, `=` and `;` included (a link's query, say)
         else:
-            for part in text.split(";"):
-                if not part.strip():
-                    continue
-                name, eq, value = part.partition("=")
-                if not eq:
-                    raise ValueError(f"write name=value; name=value (the fields: {', '.join(list(fields)[:8])}"
-                                     f"{', …' if len(fields) > 8 else ''})")
-                given[_field_named(fields, name)] = value
+            for part in _parts(text):
+                if part.strip():
+                    name, value = _name_and_value(fields, part)
+                    given[name] = value
     content = {k: v["default"] for k, v in fields.items() if "default" in v}
     for name, value in given.items():
         content[name] = _coerce(name, fields[name], value)

@@ -55,6 +55,14 @@ def test_a_wrong_answer_says_what_is_wrong(typed: str, problem: str) -> None:
         parse_answer(FORM, typed)
 
 
+def test_a_value_in_quotes_keeps_its_semicolons_and_a_name_may_hold_an_equals_sign() -> None:
+    assert parse_answer(FORM, 'name="Ada; Lovelace"; code="a;b"') == {"name": "Ada; Lovelace", "code": "a;b"}
+    # a quote that does not start the value is part of it
+    assert parse_answer(FORM, 'name=5" tall; code=ab') == {"name": '5" tall', "code": "ab"}
+    odd = ask({"a=b": {"type": "string"}, "A": {"type": "string"}})
+    assert parse_answer(odd, "a=b=x; a = y") == {"a=b": "x", "A": "y"}
+
+
 def test_one_field_takes_the_whole_text_even_with_separators() -> None:
     link = ask({"link": {"type": "string"}})
     assert parse_answer(link, "https://x.org/?a=b;c=d") == {"link": "https://x.org/?a=b;c=d"}
