@@ -17,11 +17,12 @@ only the first run embeds the whole kiln.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,33 @@ def old_bm25(index: KilnIndex) -> LexicalIndex:
     return lex
 
 
+class _Plain:
+    """The index's embedder without word pieces: the search as it was before late interaction."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "embed_with_tokens":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+@contextlib.contextmanager
+def without_word_pieces(index: KilnIndex) -> Iterator[None]:
+    real = index.embedder
+    index.embedder = _Plain(real)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        index.embedder = real
+
+
+def _plain_hybrid(index: KilnIndex, text: str) -> object:
+    with without_word_pieces(index):
+        return S.hybrid_search(index, text, 10)
+
+
 def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_misses: bool,
             variants: bool = False) -> dict[str, tuple[float, float]]:
     """recall@5 and MRR@10 of BM25 (old fields; whole notes, sections and their mean, the
@@ -150,7 +178,7 @@ def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_mi
     names = ["bm25 (old fields)", "bm25 notes", "bm25 sections", "bm25", *(f"dense w={w}" for w in weights)]
     if variants:
         names += [f"rrf w={w}" for w in weights]
-    names += ["rrf k=60 (old fusion)", "default (hybrid_search)"]
+    names += ["rrf k=60 (old fusion)", "hybrid, no word pieces", "default (hybrid_search)"]
     scores: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     misses: dict[str, list[str]] = {"default (hybrid_search)": [], "bm25": []}
     old = old_bm25(index)
@@ -171,6 +199,9 @@ def quality(index: KilnIndex, queries: list[dict[str, Any]], title: str, show_mi
                 scores[f"rrf w={w}"].append(metrics([p for p, _ in rrf([dense, lexical])], expected))
         dense0 = [d.path for d, _ in S.dense_ranking(index, vec, S.FUSION_DEPTH)]
         scores["rrf k=60 (old fusion)"].append(metrics([p for p, _ in rrf([dense0, lexical])], expected))
+        with without_word_pieces(index):
+            plain = [r.path for r in S.hybrid_search(index, text, 10)]
+        scores["hybrid, no word pieces"].append(metrics(plain, expected))
         got = [r.path for r in S.hybrid_search(index, text, 10)]
         scores["default (hybrid_search)"].append(metrics(got, expected))
         if not expected & set(got[:5]):
@@ -341,6 +372,7 @@ def main() -> int:
         "raw chroma + embed": raw,
         "semantic_search": lambda t: S.semantic_search(index, t, 10),
         "hybrid_search": lambda t: S.hybrid_search(index, t, 10),
+        "hybrid, no pieces": lambda t: _plain_hybrid(index, t),
         "bm25 only": lambda t: S.lexical_ranking(index, t, 10),
     }
     for fn in runs.values():  # warm up: model load, lexical index build

@@ -155,7 +155,8 @@ def _threads() -> int:
 
 
 def build_onnx_model(folder: Path, act_max: Mapping[str, np.ndarray] | None = None) -> bytes:
-    """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384).
+    """Serialized ONNX model: (input_ids, attention_mask) int32 (B, S) -> embeddings (B, 384),
+    and the last layer's token vectors, tokens (B, S, 384).
 
     With `act_max` (the graph int8 quantizes), every MatMul's input is first zeroed at padded
     positions and divided, channel by channel, by SmoothQuant scales its weights are multiplied
@@ -291,6 +292,8 @@ def build_onnx_model(folder: Path, act_max: Mapping[str, np.ndarray] | None = No
         )
         x = f"l{i}_h2"
 
+    # Each token's vector as the last layer leaves it (late_interaction: a note's words in context).
+    node("Identity", [x], ["tokens"])
     # Mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).
     node("Mul", [x, "mask_3d"], ["masked"])
     axis1 = init("axis1", np.array([1], np.int64))
@@ -309,7 +312,8 @@ def build_onnx_model(folder: Path, act_max: Mapping[str, np.ndarray] | None = No
             helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "seq"]),
         ],
-        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", hidden]),
+         helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", hidden])],
         inits,
     )
     model = helper.make_model(
@@ -538,35 +542,35 @@ class _OpenVinoSession:
         self.run(["embeddings"], {"input_ids": np.array([[101, 102]], dtype=np.int32),
                                   "attention_mask": np.ones((1, 2), dtype=np.int32)})
 
-    def run_batches(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
-        """Each batch's embeddings, in order, with up to IN_FLIGHT_PER_STREAM batches queued on
+    def run_batches(self, feeds: Sequence[Mapping[str, np.ndarray]],
+                    names: Sequence[str] = ("embeddings",)) -> list[list[np.ndarray]]:
+        """Each batch's outputs `names`, in order, with up to IN_FLIGHT_PER_STREAM batches queued on
         each stream: a stream goes on to its next batch without a Python thread, so without the
         GIL. An embedded Chroma's write holds the GIL throughout, and streams fed by threads
         waited for it after each batch (2,000 notes on `cru kiln index`: 21.1 s against 22.4 s,
         with OPENVINO_TOKENS_PER_BATCH)."""
-        out: list[np.ndarray] = []
+        out: list[list[np.ndarray]] = []
         with self._queue_lock:  # one build at a time owns the queue; a query takes `run`
             free = list(self._queue)
             active: collections.deque[Any] = collections.deque()
             try:
                 for batch in feeds:
-                    request = free.pop() if free else self._collect(active.popleft(), out)
+                    request = free.pop() if free else self._collect(active.popleft(), names, out)
                     request.start_async(dict(batch))
                     active.append(request)
                 while active:
-                    self._collect(active.popleft(), out)
+                    self._collect(active.popleft(), names, out)
             finally:  # after a failed batch, the others finish before the queue is used again
                 for request in active:
                     with contextlib.suppress(Exception):  # the first failure is the one raised
                         request.wait()
         return out
 
-    @staticmethod
-    def _collect(request: Any, out: list[np.ndarray]) -> Any:
-        """Wait for the request's batch, add its embeddings to `out`; the request, free again."""
+    def _collect(self, request: Any, names: Sequence[str], out: list[list[np.ndarray]]) -> Any:
+        """Wait for the request's batch, add its outputs `names` to `out`; the request, free again."""
         request.wait()
         # Copied: the request's output buffer is overwritten by its next batch.
-        out.append(np.array(request.get_output_tensor(0).data, copy=True))
+        out.append([np.array(request.get_tensor(self.compiled.output(n)).data, copy=True) for n in names])
         return request
 
     def run(self, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -690,9 +694,24 @@ class _Runtime:
                                                 providers=["CPUExecutionProvider"])
 
     def run(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        return self.run_with_tokens(texts, batch_size, tokens=False)[0]
+
+    def run_with_tokens(self, texts: Sequence[str], batch_size: int,
+                        tokens: bool = True) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The texts' embeddings and, with `tokens`, each text's word-piece vectors (its words and
+        their pieces; not [CLS], [SEP] or punctuation), float32 (n, 384) each."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
         lengths = np.array([len(enc.ids) for enc in encodings])
         out = np.empty((len(texts), 384), dtype=np.float32)
+        words: list[np.ndarray] = [_NO_TOKENS] * len(texts)
+        names = ("embeddings", "tokens") if tokens else ("embeddings",)
+
+        def keep(idx: np.ndarray, outputs: list[np.ndarray]) -> None:
+            out[idx] = outputs[0]
+            if tokens:
+                for row, i in enumerate(idx):
+                    at = [k for k, t in enumerate(encodings[i].tokens) if _is_word(t)]
+                    words[i] = outputs[1][row, at]
         # Longest first, so each batch pads only to texts of about its own length; and at most
         # TOKENS_PER_BATCH tokens a batch, so long texts go a few at a time: the attention's
         # work buffers grow with rows x width^2 (bench/embed.py --peak: 16 rows of 256 tokens
@@ -714,13 +733,12 @@ class _Runtime:
 
         if len(batches) > 1 and isinstance(self.session, _OpenVinoSession):
             feeds = [{"input_ids": ids, "attention_mask": mask} for _, ids, mask in batches]
-            for (idx, _, _), vectors in zip(batches, self.session.run_batches(feeds), strict=True):
-                out[idx] = vectors
-            return out
+            for (idx, _, _), outputs in zip(batches, self.session.run_batches(feeds, names), strict=True):
+                keep(idx, outputs)
+            return out, words
         for idx, ids, mask in batches:  # a query's one batch; every batch on onnxruntime
-            (vectors,) = self.session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})
-            out[idx] = vectors
-        return out
+            keep(idx, self.session.run(list(names), {"input_ids": ids, "attention_mask": mask}))
+        return out, words
 
 
 _runtimes: dict[tuple[Path, int, bool, str], _Runtime] = {}
@@ -735,6 +753,14 @@ def _runtime(threads: int, int8: bool = False, runtime: str = "auto") -> _Runtim
         if key not in _runtimes:
             _runtimes[key] = _Runtime(folder, threads, int8, runtime=engine)
         return _runtimes[key]
+
+
+_NO_TOKENS = np.zeros((0, 384), dtype=np.float32)
+
+
+def _is_word(piece: str) -> bool:
+    """A word piece that says something: a word, a number, or a word's continuation (##ing)."""
+    return piece.startswith("##") or (piece.isalnum() and piece not in ("[CLS]", "[SEP]", "[UNK]"))
 
 
 class MiniLMEmbedder:
@@ -789,6 +815,14 @@ class MiniLMEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return _runtime(self.threads, self.int8, self.runtime).run(texts, self.batch_size)
+
+    def embed_with_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """`embed`'s vectors, and each text's word-piece vectors from the same run (float32
+        (n, 384) each): what late_interaction compares a query with a chunk by."""
+        texts = _check_texts(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        return _runtime(self.threads, self.int8, self.runtime).run_with_tokens(texts, self.batch_size)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:

@@ -36,6 +36,13 @@ from crucible.errors import CrucibleError
 from crucible.kiln.atomic import atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
+from crucible.kiln.late_interaction import (
+    MAX_CHUNKS_SCORED,
+    STORE_ERRORS,
+    TokenStore,
+    maxsim_notes,
+    tokens_file,
+)
 from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical, words_problem
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
 from crucible.kiln.paths import SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
@@ -284,6 +291,7 @@ class KilnIndex:
         self._stale_view = False  # another process wrote since the store was opened last
         self._in_reading = threading.local()  # a read inside `reading` is retried by it, once
         self._queued: set[str] = set()  # changed while an update ran here: indexed after it
+        self._pieces = TokenStore(tokens_file(root, self.name))
 
     @classmethod
     def open(
@@ -303,12 +311,21 @@ class KilnIndex:
         return index
 
     @property
+    def tokens(self) -> TokenStore | None:
+        """The chunks' word-piece bits (late_interaction), where the embedder gives word pieces
+        (the built-in model; not a server's, nor a test's stand-in)."""
+        if not self.config.index.word_pieces:
+            return None
+        return self._pieces if hasattr(self.embedder, "embed_with_tokens") else None
+
+    @property
     def needs_rebuild(self) -> str | None:
         return self.chroma.needs_rebuild
 
     def close(self) -> None:
         self.save_lexical()
         self.chroma.close()
+        self._pieces.close()
 
     def __enter__(self) -> KilnIndex:
         return self
@@ -550,6 +567,8 @@ class KilnIndex:
 
     def _reset(self) -> None:
         self.chroma.reset()
+        if self.tokens is not None:
+            self.tokens.clear()
         with self._lex_lock:
             self._embedded = set()
 
@@ -564,6 +583,8 @@ class KilnIndex:
         touched: list[tuple[NoteEntry, str]] = []
         gone: list[str] = []
         listed: set[str] = set()
+        # Bits lost beside stored chunks (late_interaction): every note is embedded again.
+        redo = full and bool(manifest) and self.tokens is not None and self.tokens.empty()
 
         for i, rel in enumerate(paths):
             if progress is not None:
@@ -585,7 +606,7 @@ class KilnIndex:
             if entry is not None and not unchanged and fh == entry.file_hash:
                 touched.append((entry, stamp))  # same content, new stamp
                 unchanged = True
-            if unchanged:
+            if unchanged and not redo:
                 assert entry is not None
                 report.notes_unchanged += 1
                 if entry.problems:
@@ -657,7 +678,13 @@ class KilnIndex:
                 notes_known += len(groups[k])
                 for s in range(0, len(work), EMBED_STEP):
                     step = work[s:s + EMBED_STEP]
-                    vectors = self.embedder.embed([p.texts[i] for p, i in step])
+                    texts = [p.texts[i] for p, i in step]
+                    if self.tokens is not None:
+                        # The bits before the chunk's row: a chunk stored has them.
+                        vectors, words = self.embedder.embed_with_tokens(texts)  # type: ignore[attr-defined]
+                        self.tokens.put([(p.hashes[i], w) for (p, i), w in zip(step, words, strict=True)])
+                    else:
+                        vectors = self.embedder.embed(texts)
                     for (p, i), v in zip(step, vectors, strict=True):
                         p.vectors[i] = v
                     chunks_done += len(step)
@@ -713,10 +740,12 @@ class KilnIndex:
             self._remove(gone)
             report.notes_removed += len(gone)
         found = self.chroma.stored_vectors([p.note.path for p in pending]) if stored else {}
+        # A chunk stored without its word pieces (an index of an older version) is embedded again.
+        bare = self.tokens.missing(h for p in pending for h in p.hashes) if self.tokens and found else set()
         for p in pending:
             ids, vectors = found.get(p.note.path, (set(), {}))
             p.old_ids = set(ids)
-            p.vectors = [vectors.get(h) for h in p.hashes]
+            p.vectors = [None if h in bare else vectors.get(h) for h in p.hashes]
         return pending
 
     def _store_notes(self, group: list[_Pending]) -> None:
@@ -741,10 +770,14 @@ class KilnIndex:
                 "problems": p.problems, "stamp": p.stamp,
             }))
         self.chroma.write(chunk_rows, stale, note_rows)
+        if self.tokens is not None:
+            self.tokens.set_chunks({p.note.path: p.hashes for p in group})
         self._mark_embedded([p.note.path for p in group])
 
     def _remove(self, paths: list[str]) -> None:
         self.chroma.remove(paths)
+        if self.tokens is not None:
+            self.tokens.forget(paths)
         with self._lex_lock:
             if self._embedded is not None:
                 self._embedded.difference_update(paths)
@@ -822,6 +855,29 @@ class KilnIndex:
 
     def embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
+
+    def embed_query_pieces(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """The query's vector, and its word pieces' bits (late_interaction) where the index keeps
+        the chunks' (else None), from one run of the model."""
+        if self.tokens is None:
+            return self.embed_query(text), None
+        vectors, words = self.embedder.embed_with_tokens([text])  # type: ignore[attr-defined]
+        vector = np.asarray(vectors[0], dtype=np.float32)
+        try:
+            return vector, self.tokens.bits(words[0])
+        except STORE_ERRORS as exc:  # its planes cannot be read: the search goes on without
+            log.warning("the word-piece store cannot be read (%s)", exc)
+            return vector, None
+
+    def piece_scores(self, query: np.ndarray, paths: Sequence[str]) -> dict[str, float]:
+        """MaxSim of the query's word-piece bits with each note's best chunk, for the notes whose
+        stored chunks all have theirs (late_interaction)."""
+        if self.tokens is None or len(query) == 0:
+            return {}
+        notes = self.tokens.note_pieces(paths, MAX_CHUNKS_SCORED)
+        found = list(notes)
+        scores = maxsim_notes(query, [notes[p] for p in found])
+        return {p: s for p, s in zip(found, scores, strict=True) if s is not None}
 
 
 # ---------------------------------------------------------------------------------------------

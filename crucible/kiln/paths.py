@@ -49,15 +49,29 @@ def reserved_dir(root: Path) -> Path:
 
 # What Crucible writes in `.crucible` is rebuilt from the notes: a kiln kept in git (as many
 # vaults are) must not commit a vector store of its notes' text. The cards there are not listed.
-_GITIGNORE = ("# Written by Crucible: its index of this kiln, rebuilt from the notes (cards in agents/ are yours).\n"
-              ".gitignore\nchroma/\nlexical-*.json\nproperties.json\nindex.lock\nindex-build.json\n")
+_GITIGNORE_HEAD = "# Written by Crucible: its index of this kiln, rebuilt from the notes (cards in agents/ are yours).\n"
+_GITIGNORE = (_GITIGNORE_HEAD + ".gitignore\nchroma/\nlexical-*.json\nproperties.json\nindex.lock\n"
+              "index-build.json\ntokens-*.sqlite*\n")
 
 
 def _ignore_for_git(folder: Path) -> None:
+    path = folder / ".gitignore"
     try:
-        with open_private(folder / ".gitignore", "x") as f:
+        with open_private(path, "x") as f:
             f.write(_GITIGNORE)
-    except OSError:  # there already (the person's own is kept), or a read-only kiln
+        return
+    except OSError:  # there already, or a read-only kiln
+        pass
+    try:
+        # One an older version wrote (its first line) is brought up to date; the person's own is kept.
+        text = path.read_text(encoding="utf-8")
+        if text.startswith(_GITIGNORE_HEAD) and text != _GITIGNORE and not path.is_symlink():
+            tmp = folder / ".gitignore.new"  # replaced, never written through (it may be a link)
+            tmp.unlink(missing_ok=True)
+            with open_private(tmp, "x") as f:
+                f.write(_GITIGNORE)
+            os.replace(tmp, path)
+    except (OSError, UnicodeDecodeError):
         pass
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk, chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
+from crucible.kiln.late_interaction import PIECES_WEIGHT, RERANK_DEPTH, rerank
 from crucible.kiln.lexical import counts_of, min_max, tokenize
 from crucible.kiln.notes import read_note
 from mcp_bridge.kiln_api import SearchHit
@@ -300,10 +301,11 @@ def hybrid_search(index: KilnIndex, query: str, limit: int = 10, *, by_meaning: 
 def _hybrid(index: KilnIndex, query: str, limit: int, by_meaning: bool) -> list[SearchHit]:
     depth = max(FUSION_DEPTH, limit)
     ranked: list[tuple[Dense, float]] = []
+    pieces: np.ndarray | None = None
     # Lexical first: with no vectors yet (or vectors of another embedder, rebuilt in the
     # background), the words alone answer; what is embedded joins as it comes.
     if by_meaning and not index.needs_rebuild and index.count_notes() > 0:
-        vector = index.embed_query(query)
+        vector, pieces = index.embed_query_pieces(query)
         ranked = dense_ranking(index, vector, depth)
     if not ranked:
         return words_search(index, query, limit)
@@ -314,9 +316,15 @@ def _hybrid(index: KilnIndex, query: str, limit: int, by_meaning: bool) -> list[
     alpha = meaning_weight(best, getattr(index.embedder, "related_similarity", None))
     # An identifier the kiln holds ("--cap-add", "config.toml") is read by the model as its
     # common words: its share of the query is left to the words.
-    alpha *= 1.0 - index.literal_share(query)
+    literal = index.literal_share(query)
+    alpha *= 1.0 - literal
     top = fuse([(d.path, score) for d, score in ranked], lexical, alpha=alpha,
                not_embedded={p for p, _ in lexical if p not in embedded})
+    if pieces is not None:
+        # The first notes compared with the query word piece by word piece (late_interaction).
+        head = top[:max(RERANK_DEPTH, limit)]
+        top = rerank(head, index.piece_scores(pieces, [p for p, _ in head]),
+                     weight=PIECES_WEIGHT * (1.0 - literal)) + top[len(head):]
     dense = {d.path: d for d, _ in ranked}
     return _results(index, top[:limit], dense, vector, query)
 

@@ -38,8 +38,9 @@ from crucible.kiln.paths import STORE_DIR, KilnPathError, reserved_dir
 from crucible.private_files import private_dir, private_tree
 
 # Bump when what is stored per row changes: an index of another format is rebuilt.
-INDEX_FORMAT = 4  # 2: an 'about' chunk per note (chunking.note_about); 3: each chunk carries the note's
-# description; 4: or its lead sentence (chunking._lead)
+INDEX_FORMAT = 5  # 2: an 'about' chunk per note (chunking.note_about); 3: each chunk carries the note's
+# description; 4: or its lead sentence (chunking._lead); 5: with the built-in model, each chunk's
+# word-piece bits beside the store (late_interaction)
 REBUILD = "cru kiln index --rebuild"
 # Rows per Chroma read/write call (well under any server's max batch size).
 PAGE = 2000
@@ -87,7 +88,7 @@ LOW_SPACE = 64 * 1024 * 1024
 _FULL_SIGNS = ("no space left", "disk is full", "database or disk is full", "quota exceeded")
 
 
-def _disk_full(exc: BaseException, root: Path) -> bool:
+def disk_full(exc: BaseException, root: Path) -> bool:
     if any(sign in str(exc).lower() for sign in _FULL_SIGNS):
         return True
     where = root / STORE_DIR  # an embedded store's (a server's disk is not this machine's)
@@ -118,7 +119,7 @@ def store_errors(root: Path, store: str, doing: str) -> Iterator[None]:
                 f"the index in {store} is locked by another process while {doing} ({reason})",
                 f"close the other `cru` using this kiln and retry; if none is running: {REBUILD}",
             ) from exc
-        if doing not in ("reading it", "searching it") and _disk_full(exc, root):
+        if doing not in ("reading it", "searching it") and disk_full(exc, root):
             raise IndexUnusableError(
                 f"the disk holding the index in {store} is full while {doing} ({reason})",
                 "free some space on that disk, then run `cru kiln index` (what was embedded is kept)",
@@ -438,6 +439,17 @@ class ChromaStore:
         for chunks in out.values():
             chunks.sort(key=lambda c: c.ordinal)
         return out
+
+    def chunk_hashes(self, paths: Sequence[str]) -> dict[str, list[str]]:
+        """The text hashes of these notes' stored chunks, in order (the notes not stored left out)."""
+        if not paths:
+            return {}
+        with self.errors("reading it"):
+            got = self.chunks.get(where={"path": {"$in": list(paths)}}, include=["metadatas"])
+        rows: dict[str, list[tuple[int, str]]] = {}
+        for m in got["metadatas"]:
+            rows.setdefault(str(m["path"]), []).append((int(m.get("ordinal", 0)), str(m.get("hash", ""))))
+        return {p: [h for _, h in sorted(r)] for p, r in rows.items()}
 
     # -- writing -------------------------------------------------------------------------------
 

@@ -192,10 +192,10 @@ def test_a_batch_holds_at_most_the_token_budget_and_vectors_do_not_change(
         shapes.append(feeds["input_ids"].shape)
         return real_run(names, feeds)
 
-    def recording_batches(feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    def recording_batches(feeds: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> list[list[np.ndarray]]:
         shapes.extend(f["input_ids"].shape for f in feeds)
         assert real_batches is not None
-        return real_batches(feeds)
+        return real_batches(feeds, names)
 
     monkeypatch.setattr(runtime.session, "run", recording_run, raising=False)
     if real_batches is not None:  # OpenVINO queues a call's batches on its streams

@@ -280,6 +280,10 @@ def test_kill_9_midway_then_a_restart_embeds_only_what_was_missing(
     ix = KilnIndex.open(root, Config())
     try:
         assert ix.count_chunks() == ix.count_notes() == notes and ix.status().stale == 0
+        # and every chunk has its word pieces, those written before the kill too
+        assert ix.tokens is not None
+        hashes = ix.chroma.chunk_hashes(list(ix.manifest()))
+        assert len(hashes) == notes and ix.tokens.missing(h for hs in hashes.values() for h in hs) == set()
     finally:
         ix.close()
 

@@ -1,0 +1,135 @@
+"""Late interaction (crucible/kiln/late_interaction.py): each chunk's word pieces, kept as bits
+beside the index by the real built-in model, compared with a query's; and what the search does
+with them when some are missing."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from pathlib import Path
+
+import numpy as np
+from index_helpers import write_notes
+
+from crucible.config import Config, IndexConfig
+from crucible.kiln.index import KilnIndex
+from crucible.kiln.late_interaction import TokenStore, maxsim, rerank, tokens_file
+from crucible.kiln.search import hybrid_search
+
+NOTES = {
+    "Kitchen/Bread.md": "# Bread\n\nKnead the dough, let it rise overnight, then bake the loaf at 230 C.\n",
+    "Kitchen/Soup.md": "# Soup\n\nSimmer onions and carrots in stock; blend until smooth.\n",
+    "Code/Compiler.md": "# Compiler\n\nThe optimiser inlines small functions and removes dead branches.\n",
+    "Code/Parser.md": "# Parser\n\nA recursive descent parser reads tokens into a syntax tree.\n",
+}
+
+
+def test_every_chunk_keeps_its_word_pieces_privately_and_they_match_by_meaning(tmp_path: Path) -> None:
+    root = tmp_path / "kiln"
+    write_notes(root, NOTES)
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        store = ix.tokens
+        assert store is not None  # the built-in model gives word pieces
+        hashes = ix.chroma.chunk_hashes(list(NOTES))
+        assert sorted(hashes) == sorted(NOTES) and store.missing(h for hs in hashes.values() for h in hs) == set()
+        path = tokens_file(ix.root, ix.name)
+        for f in (path, path.with_name(path.name + "-wal")):  # the notes' pieces: the person's only
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        # A question in other words than its note's is closest to it piece by piece.
+        _, query = ix.embed_query_pieces("how long should my loaf prove before it goes in the oven")
+        assert query is not None
+        scores = ix.piece_scores(query, list(NOTES))
+        assert set(scores) == set(NOTES)
+        assert max(scores, key=lambda p: scores[p]) == "Kitchen/Bread.md"
+        assert hybrid_search(ix, "how long should my loaf prove before it goes in the oven", 4)[0].path == "Kitchen/Bread.md"
+        (root / "Kitchen" / "Soup.md").unlink()
+        ix.update()
+        assert set(ix.piece_scores(query, list(NOTES))) == set(NOTES) - {"Kitchen/Soup.md"}
+    finally:
+        ix.close()
+
+
+def test_a_lost_or_damaged_store_leaves_the_search_as_it_was(tmp_path: Path) -> None:
+    """Pieces lost (the file removed), or rows damaged: the notes without them keep their fused
+    place, and nothing fails."""
+    root = tmp_path / "kiln"
+    write_notes(root, NOTES)
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        store = ix.tokens
+        assert store is not None
+        query = "recursive descent parsing into a tree"
+        before = [r.path for r in hybrid_search(ix, query, 4)]
+        assert before[0] == "Code/Parser.md"
+        db = sqlite3.connect(tokens_file(ix.root, ix.name))
+        parser = ix.chroma.chunk_hashes(["Code/Parser.md"])["Code/Parser.md"]
+        db.executemany("UPDATE bits SET bits = x'00ff' WHERE hash = ?", [(h,) for h in parser])  # not whole rows
+        db.commit()
+        db.close()
+        _, pieces = ix.embed_query_pieces(query)
+        assert pieces is not None and "Code/Parser.md" not in ix.piece_scores(pieces, list(NOTES))
+        assert [r.path for r in hybrid_search(ix, query, 4)][0] == "Code/Parser.md"
+        store.clear()
+        assert ix.piece_scores(pieces, list(NOTES)) == {}
+        assert [r.path for r in hybrid_search(ix, query, 4)] == [r.path for r in _without_pieces(ix, query)]
+    finally:
+        ix.close()
+
+
+def _without_pieces(ix: KilnIndex, query: str) -> list:  # type: ignore[type-arg]
+    class Plain:  # the same model, without word pieces: the search as before late interaction
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            if name == "embed_with_tokens":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    real = ix.embedder
+    ix.embedder = Plain(real)  # type: ignore[assignment]
+    try:
+        return hybrid_search(ix, query, 4)
+    finally:
+        ix.embedder = real
+
+
+def test_word_pieces_turned_off_are_neither_kept_nor_used(tmp_path: Path) -> None:
+    root = tmp_path / "kiln"
+    write_notes(root, NOTES)
+    ix = KilnIndex.open(root, Config(index=IndexConfig(word_pieces=False)))
+    try:
+        ix.update()
+        assert ix.tokens is None and ix.embed_query_pieces("bread")[1] is None
+        assert not tokens_file(ix.root, ix.name).exists()
+        query = "how long should my loaf prove before it goes in the oven"
+        assert [r.path for r in hybrid_search(ix, query, 4)] == [r.path for r in _without_pieces(ix, query)]
+    finally:
+        ix.close()
+
+
+def test_bits_compare_as_the_vectors_do(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / ".crucible" / "tokens-x.sqlite")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((5, 384)).astype(np.float32)
+    near = a + 0.1 * rng.standard_normal((5, 384)).astype(np.float32)
+    far = rng.standard_normal((7, 384)).astype(np.float32)
+    store.put([("near", near), ("far", far)])
+    got = store.get(["near", "far", "none"])
+    assert set(got) == {"near", "far"} and store.missing(["near", "none"]) == {"none"}
+    q = store.bits(a)
+    near_score, far_score = maxsim(q, [got["near"]]), maxsim(q, [got["far"]])
+    assert near_score is not None and far_score is not None and near_score > 0.9 > 0.3 > far_score
+    assert maxsim(q, [got["far"], got["near"]]) == near_score  # a note's best chunk
+    assert maxsim(q[:0], [got["near"]]) is None and maxsim(q, []) is None
+    store.close()
+
+
+def test_a_note_without_pieces_keeps_its_fused_score() -> None:
+    fused = [("a", 1.0), ("b", 0.8), ("c", 0.2)]
+    # scaled: fused a 1, b 0.75, c 0; pieces a 0, c 1; b has none and keeps 0.75 as its own
+    assert [p for p, _ in rerank(fused, {"a": 0.1, "c": 0.9})] == ["b", "a", "c"]
+    assert rerank(fused, {"a": 0.5}) == fused  # one note compared: nothing to weigh it against
