@@ -38,7 +38,6 @@ from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
 from crucible.kiln.late_interaction import (
     MAX_CHUNKS_SCORED,
-    STORE_ERRORS,
     TokenStore,
     maxsim_notes,
     tokens_file,
@@ -583,8 +582,9 @@ class KilnIndex:
         touched: list[tuple[NoteEntry, str]] = []
         gone: list[str] = []
         listed: set[str] = set()
-        # Bits lost beside stored chunks (late_interaction): every note is embedded again.
-        redo = full and bool(manifest) and self.tokens is not None and self.tokens.empty()
+        # Notes stored without their word pieces' record (late_interaction: the store lost, or a
+        # write that failed) are gone through again, their chunks without pieces embedded (_prepare).
+        known = self.tokens.known_notes() if full and manifest and self.tokens is not None else None
 
         for i, rel in enumerate(paths):
             if progress is not None:
@@ -606,7 +606,7 @@ class KilnIndex:
             if entry is not None and not unchanged and fh == entry.file_hash:
                 touched.append((entry, stamp))  # same content, new stamp
                 unchanged = True
-            if unchanged and not redo:
+            if unchanged and (known is None or rel in known):
                 assert entry is not None
                 report.notes_unchanged += 1
                 if entry.problems:
@@ -862,12 +862,7 @@ class KilnIndex:
         if self.tokens is None:
             return self.embed_query(text), None
         vectors, words = self.embedder.embed_with_tokens([text])  # type: ignore[attr-defined]
-        vector = np.asarray(vectors[0], dtype=np.float32)
-        try:
-            return vector, self.tokens.bits(words[0])
-        except STORE_ERRORS as exc:  # its planes cannot be read: the search goes on without
-            log.warning("the word-piece store cannot be read (%s)", exc)
-            return vector, None
+        return np.asarray(vectors[0], dtype=np.float32), self.tokens.bits(words[0])
 
     def piece_scores(self, query: np.ndarray, paths: Sequence[str]) -> dict[str, float]:
         """MaxSim of the query's word-piece bits with each note's best chunk, for the notes whose

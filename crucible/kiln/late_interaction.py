@@ -14,9 +14,9 @@ The bits live in `.crucible/tokens-<collection>.sqlite`, keyed by the chunk text
 re-embedded for any reason writes the same row, so nothing needs removing for correctness when a
 note changes or goes (rows no chunk has are dropped when the index is reset). They are written
 before the chunk's row in Chroma, so a chunk found there has its bits (a kill between the two
-leaves bits no chunk has yet). A store found empty beside a built index (removed, or of other
-planes) is filled by the next full update, which embeds again, in the background, every chunk
-without bits; a note without them meanwhile keeps its place in the fused ranking.
+leaves bits no chunk has yet). A note the store does not know (the store removed, of other
+planes, or a write that failed) is gone through again by the next full update, which embeds, in
+the background, its chunks without bits; meanwhile it keeps its place in the fused ranking.
 """
 
 from __future__ import annotations
@@ -116,16 +116,6 @@ class TokenStore:
         packed = np.packbits(vectors @ planes() > 0, axis=1)
         return np.ascontiguousarray(packed).view(np.uint64)
 
-    def empty(self) -> bool:
-        """No note's chunks are known here (a store new, removed, or of other planes); False if it
-        cannot be read (nothing is embedded again for a store that cannot be written either)."""
-        try:
-            self._check_planes()
-            with self._lock:
-                return self._open().execute("SELECT 1 FROM chunks LIMIT 1").fetchone() is None
-        except STORE_ERRORS:
-            return False
-
     def missing(self, hashes: Iterable[str]) -> set[str]:
         """The hashes without bits. None when the store cannot be read: then nothing is embedded
         again for it (it would be on every update)."""
@@ -139,58 +129,57 @@ class TokenStore:
         return {h for h in wanted if h not in found}
 
     def put(self, rows: Sequence[tuple[str, np.ndarray]]) -> None:
-        """(chunk hash, word-piece vectors) rows. A store that cannot be written (a read-only or
-        full disk) is said in the log; the chunks are still indexed, searched without their bits."""
-        if not rows:
-            return
+        """(chunk hash, word-piece vectors) rows."""
+        if rows:
+            self._write([("INSERT OR REPLACE INTO bits VALUES (?, ?)",
+                          [(h, self.bits(v).tobytes()) for h, v in rows])])
+
+    def set_chunks(self, notes: Mapping[str, Sequence[str]]) -> None:
+        """The chunk hashes of these notes, in order, replacing what was said of them."""
+        self._write([("DELETE FROM chunks WHERE path = ?", [(p,) for p in notes]),
+                     ("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)",
+                      [(path, i, h) for path, hashes in notes.items() for i, h in enumerate(hashes)])])
+
+    def forget(self, paths: Sequence[str]) -> None:
+        """Notes gone from the index (their bits stay: another chunk may share a text)."""
+        self._write([("DELETE FROM chunks WHERE path = ?", [(p,) for p in paths])])
+
+    def _write(self, steps: Sequence[tuple[str, Sequence[tuple[object, ...]]]]) -> None:
+        """The statements in one transaction. A full disk stops the build as the vector store's
+        would; another failure (a read-only kiln) is said in the log, and the notes are searched
+        without their pieces."""
         try:
             self._check_planes()
-            packed = [(h, self.bits(v).tobytes()) for h, v in rows]
             with self._lock:
                 db = self._open()
                 db.execute("BEGIN")
                 try:
-                    db.executemany("INSERT OR REPLACE INTO bits VALUES (?, ?)", packed)
+                    for sql, args in steps:
+                        db.executemany(sql, args)
                     db.execute("COMMIT")
                 except BaseException:
                     if db.in_transaction:  # (SQLite ends it itself on a full disk)
                         db.execute("ROLLBACK")
                     raise
         except STORE_ERRORS as exc:
-            if disk_full(exc, self.path.parent.parent):  # as the vector store's write would say
+            if disk_full(exc, self.path.parent.parent):
                 raise IndexUnusableError(
                     # strerror: an OSError's text would name the file by its absolute path
                     f"the disk holding the index in {RESERVED_DIR} is full while updating it "
                     f"({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})",
                     "free some space on that disk, then run `cru kiln index` (what was embedded is kept)",
                 ) from exc
-            log.warning("could not save %d chunks' word pieces in %s (%s)", len(rows), self.path.name, exc)
-
-    def set_chunks(self, notes: Mapping[str, Sequence[str]]) -> None:
-        """The chunk hashes of these notes, in order, replacing what was said of them."""
-        rows = [(path, i, h) for path, hashes in notes.items() for i, h in enumerate(hashes)]
-        self._write_rows(["DELETE FROM chunks WHERE path = ?"], [[(p,) for p in notes]], rows)
-
-    def forget(self, paths: Sequence[str]) -> None:
-        """Notes gone from the index (their bits stay: another chunk may share a text)."""
-        self._write_rows(["DELETE FROM chunks WHERE path = ?"], [[(p,) for p in paths]], [])
-
-    def _write_rows(self, deletes: list[str], keys: list[list[tuple[str]]], rows: list[tuple[str, int, str]]) -> None:
-        try:
-            with self._lock:
-                db = self._open()
-                db.execute("BEGIN")
-                try:
-                    for sql, args in zip(deletes, keys, strict=True):
-                        db.executemany(sql, args)
-                    db.executemany("INSERT OR REPLACE INTO chunks VALUES (?, ?, ?)", rows)
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:  # (SQLite ends it itself on a full disk)
-                        db.execute("ROLLBACK")
-                    raise
-        except STORE_ERRORS as exc:
             log.warning("could not update the word-piece store %s (%s)", self.path.name, exc)
+
+    def known_notes(self) -> set[str] | None:
+        """The notes whose chunks are known here; None if the store cannot be read."""
+        try:
+            self._check_planes()  # the pieces of other planes are dropped first
+            with self._lock:
+                return {p for (p,) in self._open().execute("SELECT DISTINCT path FROM chunks")}
+        except STORE_ERRORS as exc:
+            log.warning("the word-piece store %s cannot be read (%s)", self.path.name, exc)
+            return None
 
     def note_pieces(self, paths: Sequence[str], most: int) -> dict[str, list[np.ndarray]]:
         """The bits of each note's first `most` chunks, in order, for the notes whose chunks all

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 from index_helpers import write_notes
 
 from crucible.config import Config, IndexConfig
@@ -24,59 +26,64 @@ NOTES = {
 }
 
 
-def test_every_chunk_keeps_its_word_pieces_privately_and_they_match_by_meaning(tmp_path: Path) -> None:
-    root = tmp_path / "kiln"
-    write_notes(root, NOTES)
-    ix = KilnIndex.open(root, Config())
+@pytest.fixture
+def indexed(tmp_path: Path) -> Iterator[KilnIndex]:
+    write_notes(tmp_path / "kiln", NOTES)
+    ix = KilnIndex.open(tmp_path / "kiln", Config())
     try:
         ix.update()
-        store = ix.tokens
-        assert store is not None  # the built-in model gives word pieces
-        hashes = ix.chroma.chunk_hashes(list(NOTES))
-        assert sorted(hashes) == sorted(NOTES) and store.missing(h for hs in hashes.values() for h in hs) == set()
-        path = tokens_file(ix.root, ix.name)
-        for f in (path, path.with_name(path.name + "-wal")):  # the notes' pieces: the person's only
-            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-        # A question in other words than its note's is closest to it piece by piece.
-        _, query = ix.embed_query_pieces("how long should my loaf prove before it goes in the oven")
-        assert query is not None
-        scores = ix.piece_scores(query, list(NOTES))
-        assert set(scores) == set(NOTES)
-        assert max(scores, key=lambda p: scores[p]) == "Kitchen/Bread.md"
-        assert hybrid_search(ix, "how long should my loaf prove before it goes in the oven", 4)[0].path == "Kitchen/Bread.md"
-        (root / "Kitchen" / "Soup.md").unlink()
-        ix.update()
-        assert set(ix.piece_scores(query, list(NOTES))) == set(NOTES) - {"Kitchen/Soup.md"}
+        yield ix
     finally:
         ix.close()
 
 
-def test_a_lost_or_damaged_store_leaves_the_search_as_it_was(tmp_path: Path) -> None:
-    """Pieces lost (the file removed), or rows damaged: the notes without them keep their fused
-    place, and nothing fails."""
-    root = tmp_path / "kiln"
-    write_notes(root, NOTES)
-    ix = KilnIndex.open(root, Config())
-    try:
-        ix.update()
-        store = ix.tokens
-        assert store is not None
-        query = "recursive descent parsing into a tree"
-        before = [r.path for r in hybrid_search(ix, query, 4)]
-        assert before[0] == "Code/Parser.md"
-        db = sqlite3.connect(tokens_file(ix.root, ix.name))
-        parser = ix.chroma.chunk_hashes(["Code/Parser.md"])["Code/Parser.md"]
-        db.executemany("UPDATE bits SET bits = x'00ff' WHERE hash = ?", [(h,) for h in parser])  # not whole rows
-        db.commit()
-        db.close()
-        _, pieces = ix.embed_query_pieces(query)
-        assert pieces is not None and "Code/Parser.md" not in ix.piece_scores(pieces, list(NOTES))
-        assert [r.path for r in hybrid_search(ix, query, 4)][0] == "Code/Parser.md"
-        store.clear()
-        assert ix.piece_scores(pieces, list(NOTES)) == {}
-        assert [r.path for r in hybrid_search(ix, query, 4)] == [r.path for r in _without_pieces(ix, query)]
-    finally:
-        ix.close()
+def test_every_chunk_keeps_its_word_pieces_privately_and_they_match_by_meaning(indexed: KilnIndex) -> None:
+    ix = indexed
+    store = ix.tokens
+    assert store is not None  # the built-in model gives word pieces
+    hashes = ix.chroma.chunk_hashes(list(NOTES))
+    assert sorted(hashes) == sorted(NOTES) and store.missing(h for hs in hashes.values() for h in hs) == set()
+    path = tokens_file(ix.root, ix.name)
+    for f in (path, path.with_name(path.name + "-wal")):  # the notes' pieces: the person's only
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    # A question in other words than its note's is closest to it piece by piece.
+    question = "how long should my loaf prove before it goes in the oven"
+    _, query = ix.embed_query_pieces(question)
+    assert query is not None
+    scores = ix.piece_scores(query, list(NOTES))
+    assert set(scores) == set(NOTES)
+    assert max(scores, key=lambda p: scores[p]) == "Kitchen/Bread.md"
+    assert hybrid_search(ix, question, 4)[0].path == "Kitchen/Bread.md"
+    (ix.root / "Kitchen" / "Soup.md").unlink()
+    ix.update()
+    assert set(ix.piece_scores(query, list(NOTES))) == set(NOTES) - {"Kitchen/Soup.md"}
+
+
+def test_a_lost_or_damaged_store_leaves_the_search_as_it_was_and_the_next_update_fills_it(
+    indexed: KilnIndex,
+) -> None:
+    """Pieces damaged, or lost (the store emptied): the notes without them keep their fused
+    place, and nothing fails; the next full update embeds what is missing, and only that."""
+    ix = indexed
+    store = ix.tokens
+    assert store is not None
+    query = "recursive descent parsing into a tree"
+    assert hybrid_search(ix, query, 4)[0].path == "Code/Parser.md"
+    db = sqlite3.connect(tokens_file(ix.root, ix.name))
+    parser = ix.chroma.chunk_hashes(["Code/Parser.md"])["Code/Parser.md"]
+    db.executemany("UPDATE bits SET bits = x'00ff' WHERE hash = ?", [(h,) for h in parser])  # not whole rows
+    db.commit()
+    db.close()
+    _, pieces = ix.embed_query_pieces(query)
+    assert pieces is not None and "Code/Parser.md" not in ix.piece_scores(pieces, list(NOTES))
+    assert hybrid_search(ix, query, 4)[0].path == "Code/Parser.md"
+    store.clear()
+    assert ix.piece_scores(pieces, list(NOTES)) == {}
+    assert [r.path for r in hybrid_search(ix, query, 4)] == [r.path for r in _without_pieces(ix, query)]
+    report = ix.update()
+    assert report.notes_unchanged == 0 and report.chunks_embedded == ix.count_chunks()
+    assert set(ix.piece_scores(pieces, list(NOTES))) == set(NOTES)
+    assert ix.update().chunks_embedded == 0  # known now: nothing embedded again
 
 
 def _without_pieces(ix: KilnIndex, query: str) -> list:  # type: ignore[type-arg]
