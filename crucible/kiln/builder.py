@@ -465,8 +465,11 @@ class BackgroundIndex:
         try:
             # The config on stdin (it may hold an embedder's key: never in argv), then the pipe
             # stays open: the worker stops when it closes (this process gone).
-            proc.stdin.write(self.config.model_dump_json() + "\n")
-            proc.stdin.flush()
+            try:
+                proc.stdin.write(self.config.model_dump_json() + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # the worker is gone already (stopped with this process): its exit says why
             for line in proc.stdout:
                 try:
                     msg = json.loads(line)

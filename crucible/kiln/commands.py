@@ -24,6 +24,7 @@ from crucible.kiln.model_store import ensure_model_for
 from crucible.kiln.paths import RESERVED_DIR, iter_markdown, kiln_sizes, reserved_dir
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search, words_search
 from crucible.kiln.writer_status import build_status, other_cru, stopped_hint, wait_while_stopped
+from crucible.terminal import counted, human_size
 from mcp_bridge.kiln_api import SearchHit
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
@@ -354,6 +355,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         word = "being updated" if index_info["building"] is not None else index_info["status"]
         print(f"index: {word}: {index_info['notes']} notes, {index_info['chunks']} "
               f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
+        if index_info["word_pieces"] is not None:
+            print(f"  word pieces: {counted(index_info['word_pieces'], 'note')}, "
+                  f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false`: not kept)")
         if index_info["embedded"] < 1.0:
             print(f"  embedded: {index_info['embedded']:.0%} of the kiln's notes (the others are found "
                   "by their words only until they are)")

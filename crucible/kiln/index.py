@@ -145,6 +145,9 @@ class IndexStatus(BaseModel):
     chunks: int
     stale: int  # notes added, changed or deleted since the last update
     needs_rebuild: str | None = None
+    # Notes whose word pieces are kept (late_interaction) and the store's size; None: not kept.
+    word_pieces: int | None = None
+    word_pieces_bytes: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,10 +368,16 @@ class KilnIndex:
                 continue
             stale += 1
         stale += len(set(manifest) - seen)
+        pieces, size = None, 0
+        if self.tokens is not None:
+            path = self.tokens.path
+            # Not made here when absent (an index of an older version): that is 0 notes.
+            pieces = len(self.tokens.known_notes() or ()) if path.exists() else 0
+            size = sum(f.stat().st_size for f in (path, path.with_name(path.name + "-wal")) if f.exists())
         return IndexStatus(
             store=self.store, collection=self.name, embedder=self.chroma.built_with(),
             notes=len(manifest), chunks=self.count_chunks(), stale=stale,
-            needs_rebuild=self.needs_rebuild,
+            needs_rebuild=self.needs_rebuild, word_pieces=pieces, word_pieces_bytes=size,
         )
 
     def working_for(self, cru_pid: int) -> None:

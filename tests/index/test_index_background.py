@@ -314,6 +314,31 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
         background.close()
 
 
+def test_a_worker_gone_before_it_read_its_config_is_said_by_its_exit_not_a_traceback(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker may be gone before its config reaches it (a SIGTERM of `cru mcp` as it starts
+    stops it first): that is its exit status, said as such, not a broken pipe's traceback."""
+    real_popen = subprocess.Popen
+
+    def gone_worker(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+        proc = real_popen([sys.executable, "-c", "import sys; sys.exit(3)"], **kwargs)
+        proc.wait()  # gone: writing its config meets a closed pipe
+        return proc
+
+    background = BackgroundIndex(tiny_kiln, Config(), mode="process")
+    failed = threading.Event()
+    background.subscribe(lambda state: failed.set() if state.phase == "failed" else None)
+    monkeypatch.setattr(subprocess, "Popen", gone_worker)
+    background.start()
+    try:
+        assert failed.wait(120), background.state()
+        assert background.state().problem == "the indexing worker stopped (exit status 3)"
+        assert "Traceback" not in caplog.text and "BrokenPipeError" not in caplog.text
+    finally:
+        background.close()
+
+
 def test_the_index_worker_reads_the_notes_stamps_alone_and_leaves_the_saved_words(tiny_kiln: Path) -> None:
     """The index worker embeds what changed and never searches: it reads the notes' titles and
     stamps, not their words (~35 MiB of its peak at 10,000 notes), and never writes the saved

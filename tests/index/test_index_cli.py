@@ -53,10 +53,12 @@ def test_index_then_search_finds_the_paraphrased_note(
     assert data["total_size_bytes"] > 0
     assert data["index"]["status"] == "up to date" and data["index"]["notes"] == 33
     assert data["index"]["store"] == ".crucible/chroma" and data["index"]["stale"] == 0
+    assert data["index"]["word_pieces"] == 33 and data["index"]["word_pieces_bytes"] > 100_000
 
     (tmp_kiln / "Inbox.md").write_text("# Inbox\n\nsomething new\n")
     info = cru(cru_bin, env, "kiln", "info")
     assert "1 note is not up to date in the index" in info.stdout and "cru kiln index" in info.stdout
+    assert re.search(r"  word pieces: 33 notes, [\d.]+ (kB|MB) \(`\[index\] word_pieces = false`: not kept\)", info.stdout)
 
     again = cru(cru_bin, env, "kiln", "index")
     assert again.returncode == 0
