@@ -103,12 +103,17 @@ class TokenStore:
             row = db.execute("SELECT value FROM meta WHERE key = 'planes'").fetchone()
             if row is None or row[0] != PLANES_ID:
                 db.execute("BEGIN IMMEDIATE")
-                row = db.execute("SELECT value FROM meta WHERE key = 'planes'").fetchone()
-                if row is None or row[0] != PLANES_ID:
-                    db.execute("DELETE FROM bits")
-                    db.execute("DELETE FROM chunks")
-                    db.execute("INSERT OR REPLACE INTO meta VALUES ('planes', ?)", (PLANES_ID,))
-                db.execute("COMMIT")
+                try:
+                    row = db.execute("SELECT value FROM meta WHERE key = 'planes'").fetchone()
+                    if row is None or row[0] != PLANES_ID:
+                        db.execute("DELETE FROM bits")
+                        db.execute("DELETE FROM chunks")
+                        db.execute("INSERT OR REPLACE INTO meta VALUES ('planes', ?)", (PLANES_ID,))
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:  # left open, every later write would fail
+                        db.execute("ROLLBACK")
+                    raise
             self._planes_checked = True
 
     def bits(self, vectors: np.ndarray) -> np.ndarray:
@@ -117,8 +122,8 @@ class TokenStore:
         return np.ascontiguousarray(packed).view(np.uint64)
 
     def missing(self, hashes: Iterable[str]) -> set[str]:
-        """The hashes without bits. None when the store cannot be read: then nothing is embedded
-        again for it (it would be on every update)."""
+        """The hashes without bits; none when the store cannot be read (else they would be
+        embedded again on every update)."""
         wanted = list(dict.fromkeys(hashes))
         try:
             found = set(self._get(wanted))
