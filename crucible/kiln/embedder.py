@@ -759,8 +759,9 @@ _NO_TOKENS = np.zeros((0, 384), dtype=np.float32)
 
 
 def _is_word(piece: str) -> bool:
-    """A word piece that says something: a word, a number, or a word's continuation (##ing)."""
-    return piece.startswith("##") or (piece.isalnum() and piece not in ("[CLS]", "[SEP]", "[UNK]"))
+    """A word piece that says something: a word, a number, or a word's continuation (##ing); not
+    punctuation, nor the markers ([CLS], [SEP], [UNK]: their brackets are not alphanumeric)."""
+    return piece.startswith("##") or piece.isalnum()
 
 
 class MiniLMEmbedder:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crucible.kiln.lexical import min_max
 from crucible.kiln.paths import RESERVED_DIR, KilnPathError, reserved_dir
 from crucible.kiln.store import IndexUnusableError, disk_full
 from crucible.private_files import FILE_MODE
@@ -266,12 +267,17 @@ def maxsim_notes(query: np.ndarray, notes: Sequence[Sequence[np.ndarray]]) -> li
     sizes = [len(c) for chunks in kept for c in chunks]
     if len(query) == 0 or not sizes:
         return [None] * len(notes)
-    pieces = np.concatenate([c for chunks in kept for c in chunks])
-    # Word by word (64 bits each): the counts stay a (query pieces, pieces) array, not a third
-    # dimension of words, which measured twice as slow.
-    differ = np.zeros((len(query), len(pieces)), dtype=np.uint16)
-    for w in range(pieces.shape[1]):
-        differ += np.bitwise_count(query[:, w, None] ^ pieces[None, :, w])
+    # Word by word (64 bits each), into buffers made once: the counts stay a (query pieces,
+    # pieces) array, not a third dimension of words, which measured twice as slow; each word's
+    # column contiguous, and no array made per word, measured 1.5x faster again.
+    words = np.ascontiguousarray(np.concatenate([c for chunks in kept for c in chunks]).T)
+    shape = (len(query), words.shape[1])
+    differ = np.zeros(shape, dtype=np.uint16)
+    xor, count = np.empty(shape, dtype=np.uint64), np.empty(shape, dtype=np.uint8)
+    for w in range(len(words)):
+        np.bitwise_xor(query[:, w, None], words[None, w], out=xor)
+        np.bitwise_count(xor, out=count)
+        differ += count
     starts = np.cumsum([0, *sizes[:-1]])
     per_chunk = (1.0 - 2.0 * np.minimum.reduceat(differ, starts, axis=1) / PLANE_BITS).mean(axis=0)
     out: list[float | None] = []
@@ -287,18 +293,13 @@ def rerank(fused: Sequence[tuple[str, float]], scores: Mapping[str, float],
     """The fused ranking's notes with MaxSim as a third voice: `weight` of it, the rest the fused
     score, each min-max scaled over the notes compared. A note without bits (not embedded with
     them yet) keeps its fused score as its MaxSim, so it is neither lifted nor pushed down for it."""
-    if not fused or len(scores) < 2:
+    if not fused or len(set(scores.values())) < 2:  # MaxSim that tells no note from another
         return list(fused)
-    lo_f, hi_f = min(s for _, s in fused), max(s for _, s in fused)
-    lo_m, hi_m = min(scores.values()), max(scores.values())
-
-    def scaled(x: float, lo: float, hi: float) -> float:
-        return (x - lo) / (hi - lo) if hi > lo else 0.0
-
+    fused_scaled = min_max(list(fused))
+    pieces_scaled = min_max(list(scores.items()))
     out = []
-    for path, score in fused:
-        f = scaled(score, lo_f, hi_f)
-        m = scaled(scores[path], lo_m, hi_m) if path in scores else f
-        out.append((path, (1.0 - weight) * f + weight * m))
+    for path, _ in fused:
+        f = fused_scaled[path]
+        out.append((path, (1.0 - weight) * f + weight * pieces_scaled.get(path, f)))
     out.sort(key=lambda kv: -kv[1])
     return out

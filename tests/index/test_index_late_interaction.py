@@ -140,3 +140,4 @@ def test_a_note_without_pieces_keeps_its_fused_score() -> None:
     # scaled: fused a 1, b 0.75, c 0; pieces a 0, c 1; b has none and keeps 0.75 as its own
     assert [p for p, _ in rerank(fused, {"a": 0.1, "c": 0.9})] == ["b", "a", "c"]
     assert rerank(fused, {"a": 0.5}) == fused  # one note compared: nothing to weigh it against
+    assert rerank(fused, {"a": 0.5, "c": 0.5}) == fused  # pieces that tell no note from another
