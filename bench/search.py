@@ -142,26 +142,15 @@ def old_bm25(index: KilnIndex) -> LexicalIndex:
     return lex
 
 
-class _Plain:
-    """The index's embedder without word pieces: the search as it was before late interaction."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "embed_with_tokens":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
 @contextlib.contextmanager
 def without_word_pieces(index: KilnIndex) -> Iterator[None]:
-    real = index.embedder
-    index.embedder = _Plain(real)  # type: ignore[assignment]
+    """The search as `[index] word_pieces = false` makes it: as before late interaction."""
+    real = index.config
+    index.config = real.model_copy(update={"index": real.index.model_copy(update={"word_pieces": False})})
     try:
         yield
     finally:
-        index.embedder = real
+        index.config = real
 
 
 def _plain_hybrid(index: KilnIndex, text: str) -> object:

@@ -440,17 +440,6 @@ class ChromaStore:
             chunks.sort(key=lambda c: c.ordinal)
         return out
 
-    def chunk_hashes(self, paths: Sequence[str]) -> dict[str, list[str]]:
-        """The text hashes of these notes' stored chunks, in order (the notes not stored left out)."""
-        if not paths:
-            return {}
-        with self.errors("reading it"):
-            got = self.chunks.get(where={"path": {"$in": list(paths)}}, include=["metadatas"])
-        rows: dict[str, list[tuple[int, str]]] = {}
-        for m in got["metadatas"]:
-            rows.setdefault(str(m["path"]), []).append((int(m.get("ordinal", 0)), str(m.get("hash", ""))))
-        return {p: [h for _, h in sorted(r)] for p, r in rows.items()}
-
     # -- writing -------------------------------------------------------------------------------
 
     def write(self, chunks: list[ChunkRow], stale: list[str], notes: list[NoteRow]) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crucible.kiln.index import KilnIndex
 
 TINY_NOTES = {
     "Cooking/Pasta.md": (
@@ -26,3 +31,13 @@ def write_notes(root: Path, notes: dict[str, str]) -> None:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
+
+def stored_chunk_hashes(ix: KilnIndex, paths: Sequence[str]) -> dict[str, list[str]]:
+    """The text hashes of these notes' chunks as the vector store holds them, in order: the
+    truth the word-piece store's record is checked against."""
+    got = ix.chroma.chunks.get(where={"path": {"$in": list(paths)}}, include=["metadatas"])
+    rows: dict[str, list[tuple[int, str]]] = {}
+    for m in got["metadatas"] or []:
+        rows.setdefault(str(m["path"]), []).append((int(m.get("ordinal", 0)), str(m.get("hash", ""))))
+    return {p: [h for _, h in sorted(r)] for p, r in rows.items()}

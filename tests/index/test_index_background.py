@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from index_helpers import write_notes
+from index_helpers import stored_chunk_hashes, write_notes
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -282,7 +282,7 @@ def test_kill_9_midway_then_a_restart_embeds_only_what_was_missing(
         assert ix.count_chunks() == ix.count_notes() == notes and ix.status().stale == 0
         # and every chunk has its word pieces, those written before the kill too
         assert ix.tokens is not None
-        hashes = ix.chroma.chunk_hashes(list(ix.manifest()))
+        hashes = stored_chunk_hashes(ix, list(ix.manifest()))
         assert len(hashes) == notes and ix.tokens.missing(h for hs in hashes.values() for h in hs) == set()
     finally:
         ix.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from index_helpers import write_notes
+from index_helpers import stored_chunk_hashes, write_notes
 
 from crucible.config import Config, IndexConfig
 from crucible.kiln.index import KilnIndex
@@ -41,7 +41,7 @@ def test_every_chunk_keeps_its_word_pieces_privately_and_they_match_by_meaning(i
     ix = indexed
     store = ix.tokens
     assert store is not None  # the built-in model gives word pieces
-    hashes = ix.chroma.chunk_hashes(list(NOTES))
+    hashes = stored_chunk_hashes(ix, list(NOTES))
     assert sorted(hashes) == sorted(NOTES) and store.missing(h for hs in hashes.values() for h in hs) == set()
     path = tokens_file(ix.root, ix.name)
     for f in (path, path.with_name(path.name + "-wal")):  # the notes' pieces: the person's only
@@ -70,7 +70,7 @@ def test_a_lost_or_damaged_store_leaves_the_search_as_it_was_and_the_next_update
     query = "recursive descent parsing into a tree"
     assert hybrid_search(ix, query, 4)[0].path == "Code/Parser.md"
     db = sqlite3.connect(tokens_file(ix.root, ix.name))
-    parser = ix.chroma.chunk_hashes(["Code/Parser.md"])["Code/Parser.md"]
+    parser = stored_chunk_hashes(ix, ["Code/Parser.md"])["Code/Parser.md"]
     db.executemany("UPDATE bits SET bits = x'00ff' WHERE hash = ?", [(h,) for h in parser])  # not whole rows
     db.commit()
     db.close()
@@ -87,21 +87,13 @@ def test_a_lost_or_damaged_store_leaves_the_search_as_it_was_and_the_next_update
 
 
 def _without_pieces(ix: KilnIndex, query: str) -> list:  # type: ignore[type-arg]
-    class Plain:  # the same model, without word pieces: the search as before late interaction
-        def __init__(self, inner: object) -> None:
-            self.inner = inner
-
-        def __getattr__(self, name: str) -> object:
-            if name == "embed_with_tokens":
-                raise AttributeError(name)
-            return getattr(self.inner, name)
-
-    real = ix.embedder
-    ix.embedder = Plain(real)  # type: ignore[assignment]
+    """The search as `[index] word_pieces = false` makes it: as before late interaction."""
+    real = ix.config
+    ix.config = real.model_copy(update={"index": real.index.model_copy(update={"word_pieces": False})})
     try:
         return hybrid_search(ix, query, 4)
     finally:
-        ix.embedder = real
+        ix.config = real
 
 
 def test_word_pieces_turned_off_are_neither_kept_nor_used(tmp_path: Path) -> None:
