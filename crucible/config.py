@@ -45,7 +45,7 @@ class IndexConfig(BaseModel):
 
     url: str | None = None  # a Chroma server, e.g. http://127.0.0.1:8000; None = embedded store
     collection: str = "kiln"
-    # Each chunk's word pieces kept beside the index (96 bytes each: about 1.3x the vector
+    # Each chunk's word pieces kept beside the index (96 bytes each: 1.2x-1.6x the vector
     # store) and compared with the query's (crucible/kiln/late_interaction.py); false: not kept.
     word_pieces: bool = True
 
