@@ -357,7 +357,7 @@ def cmd_info(args: argparse.Namespace) -> int:
               f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
         if index_info["word_pieces"] is not None:
             print(f"  word pieces: {counted(index_info['word_pieces'], 'note')}, "
-                  f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false`: not kept)")
+                  f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false` turns them off)")
         if index_info["embedded"] < 1.0:
             print(f"  embedded: {index_info['embedded']:.0%} of the kiln's notes (the others are found "
                   "by their words only until they are)")

@@ -373,7 +373,8 @@ class KilnIndex:
             path = self.tokens.path
             # Not made here when absent (an index of an older version): that is 0 notes.
             pieces = len(self.tokens.known_notes() or ()) if path.exists() else 0
-            size = sum(f.stat().st_size for f in (path, path.with_name(path.name + "-wal")) if f.exists())
+            size = sum(f.lstat().st_size for f in (path, path.with_name(path.name + "-wal"))
+                       if f.exists() and not f.is_symlink())  # (a link is refused: its target is not ours)
         return IndexStatus(
             store=self.store, collection=self.name, embedder=self.chroma.built_with(),
             notes=len(manifest), chunks=self.count_chunks(), stale=stale,

@@ -78,10 +78,22 @@ class TokenStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._planes_checked = False
+        self._said: set[str] = set()
 
     def _open(self) -> sqlite3.Connection:
         if self._db is None:
             reserved_dir(self.path.parent.parent)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                # SQLite writes through a link: a vault from elsewhere could aim one at another
+                # of the person's files (and O_NOFOLLOW's error below would name the file by
+                # its absolute path).
+                file = self.path.with_name(self.path.name + suffix)
+                if file.is_symlink():
+                    raise KilnPathError(
+                        f"{RESERVED_DIR}/{file.name} is a symbolic link: Crucible does not "
+                        "write its word-piece store through a link",
+                        f"remove the link (`rm {RESERVED_DIR}/{file.name}` in the kiln's folder)",
+                    )
             # Made 0600 before SQLite opens it: its -wal and -shm files take the same mode.
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE))
             db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0, isolation_level=None)
@@ -94,6 +106,19 @@ class TokenStore:
                        "PRIMARY KEY (path, ordinal))")
             self._db = db
         return self._db
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        """Said once a process for each failure (a build meets the same one at every step);
+        searches go on without the pieces."""
+        if isinstance(exc, KilnPathError):
+            said = exc.message
+        else:  # an OSError's text would name the file by its absolute path
+            said = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        fix = f"; fix: {exc.fix}" if isinstance(exc, KilnPathError) and exc.fix else ""
+        line = f"the word-piece store {self.path.name} {what} ({said}{fix}): searches go on without it"
+        if line not in self._said:
+            self._said.add(line)
+            log.warning("%s", line)
 
     def _check_planes(self) -> None:
         """Bits written with other planes (another version's) mean nothing here: dropped, once."""
@@ -129,8 +154,7 @@ class TokenStore:
         try:
             found = set(self._get(wanted))
         except STORE_ERRORS as exc:
-            log.warning("the word-piece store %s cannot be read (%s): searches go on without it",
-                        self.path.name, exc)
+            self._warn("cannot be read", exc)
             return set()
         return {h for h in wanted if h not in found}
 
@@ -175,7 +199,7 @@ class TokenStore:
                     f"({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc})",
                     "free some space on that disk, then run `cru kiln index` (what was embedded is kept)",
                 ) from exc
-            log.warning("could not update the word-piece store %s (%s)", self.path.name, exc)
+            self._warn("could not be updated", exc)
 
     def known_notes(self) -> set[str] | None:
         """The notes whose chunks are known here; None if the store cannot be read."""
@@ -184,7 +208,7 @@ class TokenStore:
             with self._lock:
                 return {p for (p,) in self._open().execute("SELECT DISTINCT path FROM chunks")}
         except STORE_ERRORS as exc:
-            log.warning("the word-piece store %s cannot be read (%s)", self.path.name, exc)
+            self._warn("cannot be read", exc)
             return None
 
     def note_pieces(self, paths: Sequence[str], most: int) -> dict[str, list[np.ndarray]]:
@@ -205,7 +229,7 @@ class TokenStore:
                     ):
                         rows.setdefault(path, []).append((ordinal, bits))
         except STORE_ERRORS as exc:
-            log.warning("the word-piece store %s cannot be read (%s)", self.path.name, exc)
+            self._warn("cannot be read", exc)
             return {}
         out: dict[str, list[np.ndarray]] = {}
         for path, found in rows.items():
@@ -232,7 +256,7 @@ class TokenStore:
         try:
             found = self._get(list(hashes))
         except STORE_ERRORS as exc:
-            log.warning("the word-piece store %s cannot be read (%s)", self.path.name, exc)
+            self._warn("cannot be read", exc)
             return {}
         # A row of another length (a damaged file) is left out rather than misread.
         return {h: np.frombuffer(b, dtype=np.uint64).reshape(-1, words) for h, b in found.items()
@@ -245,7 +269,7 @@ class TokenStore:
                 db.execute("DELETE FROM bits")
                 db.execute("DELETE FROM chunks")
         except STORE_ERRORS as exc:
-            log.warning("could not empty the word-piece store %s (%s)", self.path.name, exc)
+            self._warn("could not be emptied", exc)
 
     def close(self) -> None:
         with self._lock:

@@ -539,7 +539,34 @@ def _local_store(root: Path) -> Path:
     return private_dir(local)
 
 
+def _refuse_links(path: Path) -> None:
+    """A symbolic link among the store's files (its database, that database's journals, a
+    segment's folder or files) is refused: SQLite follows one, so a vault from elsewhere holding
+    `chroma/chroma.sqlite3` linked to another database of the person's would have Chroma's
+    tables and the notes' text written into that file. `--rebuild` removes the links (not what
+    they lead to) with the rest of the store. Two levels: the layout Chroma makes."""
+    try:
+        with os.scandir(path) as top:
+            entries = list(top)
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                with os.scandir(entry.path) as inner:
+                    entries.extend(inner)
+    except OSError:
+        return  # not there yet (Chroma makes it), or unreadable: Chroma's own error says so
+    for entry in entries:
+        if entry.is_symlink():
+            name = Path(entry.path).relative_to(path).as_posix()
+            raise IndexUnusableError(
+                f"the index in {STORE_DIR} holds a symbolic link ({name}): Crucible does not open "
+                "its index through a link (it may lead out of the kiln, and the index would be "
+                "written where it leads)",
+                REBUILD,
+            )
+
+
 def _persistent_client(path: Path, root: Path) -> Any:
+    _refuse_links(path)
     with store_errors(root, STORE_DIR, "opening it"):
         reserved_dir(root)
         client = chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))

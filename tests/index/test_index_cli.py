@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def test_index_then_search_finds_the_paraphrased_note(
     (tmp_kiln / "Inbox.md").write_text("# Inbox\n\nsomething new\n")
     info = cru(cru_bin, env, "kiln", "info")
     assert "1 note is not up to date in the index" in info.stdout and "cru kiln index" in info.stdout
-    assert re.search(r"  word pieces: 33 notes, [\d.]+ (kB|MB) \(`\[index\] word_pieces = false`: not kept\)", info.stdout)
+    assert re.search(r"  word pieces: 33 notes, [\d.]+ (kB|MB) \(`\[index\] word_pieces = false` turns them off\)", info.stdout)
 
     again = cru(cru_bin, env, "kiln", "index")
     assert again.returncode == 0
@@ -222,6 +223,51 @@ def test_a_crucible_folder_that_is_a_link_is_not_written_through(
         assert folder.stat().st_mode & 0o777 == 0o700
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
     assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+
+
+def test_links_inside_the_index_folder_are_not_written_through(
+    cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path, tmp_path: Path
+) -> None:
+    """SQLite follows a link: a vault from elsewhere holding `.crucible/chroma/chroma.sqlite3`
+    linked to another database of the person's had Chroma's tables and the notes' text written
+    into that database (seen by hand). The store's links are refused, `--rebuild` removes them
+    (not what they lead to); a link beside the word-piece store is refused too, said once, and
+    the search goes on without the pieces."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = elsewhere / "places.sqlite"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE visits (url TEXT)")
+    db.execute("INSERT INTO visits VALUES ('https://example.org')")
+    db.commit()
+    db.close()
+    wal = elsewhere / "notes.txt"
+    wal.write_text("not Crucible's\n")
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    store = tiny_kiln / ".crucible" / "chroma"
+    store.mkdir(parents=True)
+    (store / "chroma.sqlite3").symlink_to(other)
+    (tiny_kiln / ".crucible" / "tokens-kiln.sqlite-wal").symlink_to(wal)
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 1, done.stdout
+    assert "the index in .crucible/chroma holds a symbolic link (chroma.sqlite3)" in done.stderr
+    assert "fix: cru kiln index --rebuild" in done.stderr
+    done = cru(cru_bin, clean_env, "kiln", "index", "--rebuild", "--kiln", str(tiny_kiln))
+    assert done.returncode == 0, done.stderr
+    said = ".crucible/tokens-kiln.sqlite-wal is a symbolic link: Crucible does not write its word-piece store through a link"
+    assert said in done.stderr and "`rm .crucible/tokens-kiln.sqlite-wal`" in done.stderr
+    assert done.stderr.count(said) <= 2  # once for reading, once for writing: not at every step
+    assert str(tmp_path) not in done.stderr
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+    assert not (store / "chroma.sqlite3").is_symlink()
+    found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
+    assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
+    (tiny_kiln / ".crucible" / "tokens-kiln.sqlite-wal").unlink()
+    done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln))
+    assert done.returncode == 0 and "symbolic link" not in done.stderr, done.stderr
+    info = json.loads(cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json").stdout)["index"]
+    assert info["word_pieces"] == info["notes"] > 0  # the pieces kept again once the link is gone
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
 
 
 def test_the_index_files_are_the_persons_alone(cru_bin: str, clean_env: dict[str, str], tiny_kiln: Path) -> None:
