@@ -47,6 +47,9 @@ PLANES_ID = f"sha256-signs-{PLANE_BITS}"
 # The most chunks of one note compared with the query (its first ones): a note of thousands of
 # sections costs no more than this.
 MAX_CHUNKS_SCORED = 64
+# The most word pieces one chunk's row may hold (the model reads 256 tokens of a chunk; a
+# store from elsewhere may hold anything): a longer row is not read, and its chunk embedded again.
+MAX_PIECES_PER_CHUNK = 512
 # How many of the fused ranking's first notes are compared by their word pieces.
 RERANK_DEPTH = 20
 # MaxSim's say against the fused score: equal, fixed a priori (as the fusion's); less for a query
@@ -223,9 +226,13 @@ class TokenStore:
                 for s in range(0, len(paths), 500):
                     part = list(paths[s:s + 500])
                     marks = ",".join("?" * len(part))
+                    # Bounded as a store from elsewhere may not be (rows past a note's `most`,
+                    # rows too long): neither is read.
                     for path, ordinal, bits in db.execute(
-                        "SELECT c.path, c.ordinal, b.bits FROM chunks c LEFT JOIN bits b ON b.hash = c.hash "
-                        f"WHERE c.path IN ({marks}) AND c.ordinal < ?", [*part, most],
+                        "SELECT c.path, c.ordinal, CASE WHEN length(b.bits) <= ? THEN b.bits END "
+                        "FROM chunks c LEFT JOIN bits b ON b.hash = c.hash "
+                        f"WHERE c.path IN ({marks}) AND c.ordinal >= 0 AND c.ordinal < ? LIMIT ?",
+                        [MAX_PIECES_PER_CHUNK * PLANE_BITS // 8, *part, most, most * len(part)],
                     ):
                         rows.setdefault(path, []).append((ordinal, bits))
         except STORE_ERRORS as exc:
@@ -237,7 +244,7 @@ class TokenStore:
             # out rather than misread.
             if all(isinstance(b, bytes) and len(b) % (words * 8) == 0 for _, b in found):
                 out[path] = [np.frombuffer(b, dtype=np.uint64).reshape(-1, words)  # type: ignore[arg-type]
-                             for _, b in sorted(found, key=lambda r: r[0])]
+                             for _, b in sorted(found, key=lambda r: r[0])[:most]]
         return out
 
     def _get(self, hashes: Sequence[str]) -> dict[str, bytes]:
@@ -247,7 +254,9 @@ class TokenStore:
             for s in range(0, len(hashes), 500):
                 part = hashes[s:s + 500]
                 marks = ",".join("?" * len(part))
-                out.update(db.execute(f"SELECT hash, bits FROM bits WHERE hash IN ({marks})", part).fetchall())
+                out.update(db.execute(
+                    f"SELECT hash, bits FROM bits WHERE hash IN ({marks}) AND length(bits) <= ?",
+                    [*part, MAX_PIECES_PER_CHUNK * PLANE_BITS // 8]).fetchall())
         return out
 
     def get(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:

@@ -15,7 +15,15 @@ from index_helpers import stored_chunk_hashes, write_notes
 
 from crucible.config import Config, IndexConfig
 from crucible.kiln.index import KilnIndex
-from crucible.kiln.late_interaction import TokenStore, maxsim, rerank, tokens_file
+from crucible.kiln.late_interaction import (
+    MAX_PIECES_PER_CHUNK,
+    PLANE_BITS,
+    PLANES_ID,
+    TokenStore,
+    maxsim,
+    rerank,
+    tokens_file,
+)
 from crucible.kiln.search import hybrid_search
 
 NOTES = {
@@ -124,6 +132,32 @@ def test_bits_compare_as_the_vectors_do(tmp_path: Path) -> None:
     assert near_score is not None and far_score is not None and near_score > 0.9 > 0.3 > far_score
     assert maxsim(q, [got["far"], got["near"]]) == near_score  # a note's best chunk
     assert maxsim(q[:0], [got["near"]]) is None and maxsim(q, []) is None
+    store.close()
+
+
+def test_a_store_from_elsewhere_is_read_within_bounds(tmp_path: Path) -> None:
+    """A vault may bring its own `.crucible/tokens-*.sqlite`, made by anything: tables without
+    their keys, a row of a gigabyte, a note of a million chunks. A row longer than any chunk's is
+    not read (its chunk counts as without pieces, and is embedded again); no more than `most`
+    rows a note are read."""
+    path = tmp_path / ".crucible" / "tokens-x.sqlite"
+    path.parent.mkdir()
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE meta (key TEXT, value BLOB)")
+    db.execute("INSERT INTO meta VALUES ('planes', ?)", (PLANES_ID,))
+    db.execute("CREATE TABLE bits (hash TEXT, bits BLOB)")  # no keys: duplicates can be there
+    db.execute("CREATE TABLE chunks (path TEXT, ordinal INTEGER, hash TEXT)")
+    row = bytes(PLANE_BITS // 8)
+    db.execute("INSERT INTO bits VALUES ('huge', ?)", (row * (MAX_PIECES_PER_CHUNK + 1),))
+    db.execute("INSERT INTO bits VALUES ('small', ?)", (row * 3,))
+    db.execute("INSERT INTO chunks VALUES ('Huge.md', 0, 'huge')")
+    db.executemany("INSERT INTO chunks VALUES ('Many.md', 0, 'small')", [()] * 5000)
+    db.commit()
+    db.close()
+    store = TokenStore(path)
+    assert store.missing(["huge", "small"]) == {"huge"} and set(store.get(["huge", "small"])) == {"small"}
+    got = store.note_pieces(["Huge.md", "Many.md"], 8)
+    assert list(got) == ["Many.md"] and len(got["Many.md"]) == 8  # not 5,000 chunks read
     store.close()
 
 
