@@ -33,6 +33,7 @@ __all__ = [
     "bounded_yaml",
     "check_depth",
     "load_json",
+    "load_json_head",
     "load_toml",
     "load_yaml",
 ]
@@ -164,6 +165,18 @@ def load_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     try:
         data = json.loads(text)
     except RecursionError:  # the C scanner stops at the interpreter's recursion limit
+        raise BoundedLoadError(f"nested too deeply (more than {max_depth} levels)") from None
+    check_depth(data, max_depth)
+    return data
+
+
+def load_json_head(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON value `text` begins with, what follows it ignored, bounded as `load_json`: an
+    agent's tool output may be a tool's JSON with lines after it (OpenCode joins the text blocks
+    of an MCP result, e.g. semantic_search's JSON and its line on the index)."""
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text.lstrip())
+    except RecursionError:
         raise BoundedLoadError(f"nested too deeply (more than {max_depth} levels)") from None
     check_depth(data, max_depth)
     return data

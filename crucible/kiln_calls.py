@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acp_host.session import ToolCall
-from crucible.bounded_load import load_json
+from crucible.bounded_load import load_json_head
 from crucible.errors import CrucibleError
 from crucible.kiln.paths import resolve_in_kiln
 from crucible.permissions import tool_key_from_acp
@@ -93,7 +93,7 @@ _MAX_JSON_CHARS = 2_000_000  # a bigger result is shown as text, not parsed at e
 def _json(value: Any) -> Any:
     if isinstance(value, str) and len(value) <= _MAX_JSON_CHARS and value.lstrip()[:1] in ("{", "["):
         try:
-            return load_json(value)  # the agent's text: nesting bounded
+            return load_json_head(value)  # the agent's text: nesting bounded; lines after it ignored
         except ValueError:
             return None
     return value if isinstance(value, dict | list) else None
@@ -135,18 +135,19 @@ def _find(value: Any, wanted: str, depth: int) -> dict[str, Any] | None:
     return None
 
 
-def search_hits(call: ToolCall, limit: int = TOP_HITS) -> tuple[list[tuple[str, str]], int] | None:
-    """The top hits of a search call as (path, title), and how many it found in all; None until
-    its result is known."""
+def search_result(call: ToolCall, limit: int = TOP_HITS) -> tuple[list[tuple[str, str]], int, str | None] | None:
+    """The top hits of a search call as (path, title), how many it found in all, and its notice
+    line (semantic_search's while the index builds); None until its result is known."""
     payload = result_payload(call, "results")
     results = payload.get("results") if payload is not None else None
-    if not isinstance(results, list):
+    if payload is None or not isinstance(results, list):
         return None
     hits = []
     for hit in results[:limit]:
         if isinstance(hit, dict) and isinstance(hit.get("path"), str):
             hits.append((hit["path"], str(hit.get("title") or "")))
-    return hits, len(results)
+    notice = payload.get("notice")
+    return hits, len(results), notice if isinstance(notice, str) else None
 
 
 def summary_line(bridge: BridgeCall, call: ToolCall) -> str | None:

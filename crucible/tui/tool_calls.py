@@ -20,7 +20,7 @@ from crucible.kiln_calls import (
     bridge_call,
     bridge_source,
     call_arguments,
-    search_hits,
+    search_result,
     summary_line,
 )
 from crucible.terminal import sanitize
@@ -104,10 +104,10 @@ def kiln_lines(bridge: BridgeCall, call: Any, write: ProposedWrite | None, limit
     """A bridge tool's body as a person wants it, or None to show its raw result."""
     status = call.status or "pending"
     if bridge.name in SEARCH_TOOLS:
-        found = search_hits(call)
+        found = search_result(call)
         if found is None:
             return [] if status not in ("completed", "failed") else None
-        hits, total = found
+        hits, total, notice = found
         lines: list[Fragments] = [[("class:tool.output", "  "), ("class:tool.path", sanitize(path)),
                                    ("class:dim", " — "), ("class:tool.output", sanitize(title))]
                                   for path, title in hits]
@@ -115,6 +115,8 @@ def kiln_lines(bridge: BridgeCall, call: Any, write: ProposedWrite | None, limit
             lines.append([("class:dim", f"  … {total - len(hits)} more")])
         if not hits:
             lines.append([("class:dim", "  no matches")])
+        if notice:  # how far the index is, while it builds
+            lines.append([("class:dim", "  " + sanitize(notice))])
         return lines
     if bridge.name in WRITE_TOOLS and write is not None:
         lines = write_lines(write, limit)

@@ -22,7 +22,7 @@ from crucible.kiln_calls import (
     BridgeCall,
     bridge_call,
     proposed_write,
-    search_hits,
+    search_result,
 )
 from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
 from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
@@ -149,9 +149,21 @@ def test_search_hits_are_found_wherever_the_agent_puts_the_result() -> None:
         {"raw_output": {"content": [{"type": "text", "text": text}], "structuredContent": payload}},
     ]
     for shape in shapes:
-        found = search_hits(call("semantic_search", status="completed", **shape))
-        assert found == ([(f"n{i}.md", f"T{i}") for i in range(5)], 7), shape
-    assert search_hits(call("semantic_search", status="in_progress")) is None
+        found = search_result(call("semantic_search", status="completed", **shape))
+        assert found == ([(f"n{i}.md", f"T{i}") for i in range(5)], 7, None), shape
+    assert search_result(call("semantic_search", status="in_progress")) is None
+
+
+def test_a_search_joined_with_its_index_line_shows_its_hits_and_the_line() -> None:
+    """OpenCode joins an MCP result's text blocks: semantic_search's JSON, then its line on the
+    index while it builds. The chat showed the whole JSON text; it shows the hits and the line."""
+    line = "Index: 52% of the kiln's 122 notes are embedded so far; the others were matched by their words only."
+    payload = {"results": [{"path": "Help/CLI/lua.md", "title": "Lua Eval Command", "score": 1.0}],
+               "index": {"embedded": 0.52, "notes": 122}, "notice": line}
+    done = call("crucible_semantic_search", status="completed",
+                raw_output={"output": json.dumps(payload) + "\n\n" + line})
+    shown = plain(tool_call_lines(done, args={"query": "lua"})).split("\n")
+    assert shown[1:] == ["  Help/CLI/lua.md — Lua Eval Command", "  " + line], shown
 
 
 def test_a_note_write_is_diffed_against_the_note(tmp_path: Path) -> None:
@@ -268,7 +280,7 @@ def test_a_tool_result_of_deeply_nested_json_from_the_agent_is_shown_not_parsed(
     deep = "[" * 200_000
     result = call("semantic_search", status="completed",
                   content=({"type": "content", "content": {"type": "text", "text": deep}},))
-    assert search_hits(result) is None
+    assert search_result(result) is None
     pending = call("mcp__crucible__semantic_search", status="pending",
                    content=({"type": "content", "content": {"type": "text", "text": "{" + deep}},))
     assert bridge_call(pending) is not None and bridge_call(pending).title == "semantic_search"
