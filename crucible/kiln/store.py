@@ -539,30 +539,47 @@ def _local_store(root: Path) -> Path:
     return private_dir(local)
 
 
+# More entries than any store Chroma makes holds (a handful of segment folders of ~5 files):
+# past it the folder is not walked further, and is not taken for an index.
+MAX_STORE_ENTRIES = 10_000
+
+
 def _refuse_links(path: Path) -> None:
     """A symbolic link among the store's files (its database, that database's journals, a
     segment's folder or files) is refused: SQLite follows one, so a vault from elsewhere holding
     `chroma/chroma.sqlite3` linked to another database of the person's would have Chroma's
     tables and the notes' text written into that file. `--rebuild` removes the links (not what
     they lead to) with the rest of the store. Two levels: the layout Chroma makes."""
+
+    def refused(what: str) -> IndexUnusableError:
+        return IndexUnusableError(f"the index in {STORE_DIR} {what}", REBUILD)
+
+    def linked(name: str) -> IndexUnusableError:
+        return refused(f"holds a symbolic link ({name}): Crucible does not open its index through a "
+                       "link (it may lead out of the kiln, and the index would be written where it leads)")
+
+    seen = 0
     try:
         with os.scandir(path) as top:
-            entries = list(top)
-        for entry in list(entries):
-            if entry.is_dir(follow_symlinks=False):
-                with os.scandir(entry.path) as inner:
-                    entries.extend(inner)
+            folders = []
+            for entry in top:
+                seen += 1
+                if entry.is_symlink():
+                    raise linked(entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry)
+                if seen > MAX_STORE_ENTRIES:
+                    raise refused(f"holds more than {MAX_STORE_ENTRIES:,} files: not a store Crucible made")
+        for folder in folders:
+            with os.scandir(folder.path) as inner:
+                for entry in inner:
+                    seen += 1
+                    if entry.is_symlink():
+                        raise linked(f"{folder.name}/{entry.name}")
+                    if seen > MAX_STORE_ENTRIES:
+                        raise refused(f"holds more than {MAX_STORE_ENTRIES:,} files: not a store Crucible made")
     except OSError:
         return  # not there yet (Chroma makes it), or unreadable: Chroma's own error says so
-    for entry in entries:
-        if entry.is_symlink():
-            name = Path(entry.path).relative_to(path).as_posix()
-            raise IndexUnusableError(
-                f"the index in {STORE_DIR} holds a symbolic link ({name}): Crucible does not open "
-                "its index through a link (it may lead out of the kiln, and the index would be "
-                "written where it leads)",
-                REBUILD,
-            )
 
 
 def _persistent_client(path: Path, root: Path) -> Any:

@@ -267,6 +267,13 @@ def test_links_inside_the_index_folder_are_not_written_through(
     assert done.returncode == 0 and "symbolic link" not in done.stderr, done.stderr
     info = json.loads(cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json").stdout)["index"]
     assert info["word_pieces"] == info["notes"] > 0  # the pieces kept again once the link is gone
+    # a segment's file, one level down
+    segment = next(p for p in store.iterdir() if p.is_dir())
+    victim = next(p for p in segment.iterdir() if p.is_file())
+    victim.unlink()
+    victim.symlink_to(wal)
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
+    assert done.returncode == 1 and f"holds a symbolic link ({segment.name}/{victim.name})" in done.stderr
     assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
 
 
