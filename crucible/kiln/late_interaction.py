@@ -34,7 +34,6 @@ import numpy as np
 
 from crucible.kiln.lexical import min_max
 from crucible.kiln.paths import RESERVED_DIR, KilnPathError, reserved_dir
-from crucible.kiln.store import IndexUnusableError, disk_full
 from crucible.private_files import FILE_MODE
 
 log = logging.getLogger(__name__)
@@ -195,6 +194,11 @@ class TokenStore:
                         db.execute("ROLLBACK")
                     raise
         except STORE_ERRORS as exc:
+            # Not at the top: search imports this module, and a search by words must not load
+            # chromadb (the index thread imports it meanwhile; two threads importing it at once
+            # deadlock on its circular imports). A write comes with the open index, chromadb loaded.
+            from crucible.kiln.store import IndexUnusableError, disk_full
+
             if disk_full(exc, self.path.parent.parent):
                 raise IndexUnusableError(
                     # strerror: an OSError's text would name the file by its absolute path

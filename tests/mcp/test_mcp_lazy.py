@@ -33,3 +33,16 @@ def test_no_heavy_imports_before_the_first_search(mcp_kiln: Path, cru_env: dict[
                          env=cru_env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_a_search_by_words_loads_no_vector_store(cru_env: dict[str, str]) -> None:
+    """The first searches answer by words while the index thread imports chromadb: a search that
+    imported it too raced that thread, and two threads importing chromadb at once deadlock on its
+    circular imports (CI caught it: `_DeadlockError`, then the index thread's ImportError, and the
+    index never built). Nor should a search by words wait a second for the vector store to load."""
+    code = ("import json, sys; import crucible.kiln.search, crucible.kiln.late_interaction; "
+            "print(json.dumps(sorted(m for m in ('chromadb', 'crucible.kiln.store', 'crucible.kiln.index') "
+            "if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cru_env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == []
