@@ -355,7 +355,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         word = "being updated" if index_info["building"] is not None else index_info["status"]
         print(f"index: {word}: {index_info['notes']} notes, {index_info['chunks']} "
               f"chunks, embedder {index_info['embedder']}, store {index_info['store']}")
-        if index_info["word_pieces"] is not None:
+        if index_info["word_pieces_problem"] is not None:
+            print(f"  word pieces: not kept: {index_info['word_pieces_problem']}")
+        elif index_info["word_pieces"] is not None:
             print(f"  word pieces: {counted(index_info['word_pieces'], 'note')}, "
                   f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false` turns them off)")
         if index_info["embedded"] < 1.0:

@@ -148,6 +148,8 @@ class IndexStatus(BaseModel):
     # Notes whose word pieces are kept (late_interaction) and the store's size; None: not kept.
     word_pieces: int | None = None
     word_pieces_bytes: int = 0
+    # Why the word pieces cannot be kept or read (a link where their store is), with its fix.
+    word_pieces_problem: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,17 +370,20 @@ class KilnIndex:
                 continue
             stale += 1
         stale += len(set(manifest) - seen)
-        pieces, size = None, 0
+        pieces, size, problem = None, 0, None
         if self.tokens is not None:
             path = self.tokens.path
-            # Not made here when absent (an index of an older version): that is 0 notes.
-            pieces = len(self.tokens.known_notes() or ()) if path.exists() else 0
-            size = sum(f.lstat().st_size for f in (path, path.with_name(path.name + "-wal"))
-                       if f.exists() and not f.is_symlink())  # (a link is refused: its target is not ours)
+            if (linked := self.tokens.linked()) is not None:
+                pieces, problem = 0, f"{linked.message} (fix: {linked.fix})"
+            else:
+                # Not made here when absent (an index of an older version): that is 0 notes.
+                pieces = len(self.tokens.known_notes() or ()) if path.exists() else 0
+                size = sum(f.stat().st_size for f in (path, path.with_name(path.name + "-wal")) if f.exists())
         return IndexStatus(
             store=self.store, collection=self.name, embedder=self.chroma.built_with(),
             notes=len(manifest), chunks=self.count_chunks(), stale=stale,
             needs_rebuild=self.needs_rebuild, word_pieces=pieces, word_pieces_bytes=size,
+            word_pieces_problem=problem,
         )
 
     def working_for(self, cru_pid: int) -> None:

@@ -85,17 +85,8 @@ class TokenStore:
     def _open(self) -> sqlite3.Connection:
         if self._db is None:
             reserved_dir(self.path.parent.parent)
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                # SQLite writes through a link: a vault from elsewhere could aim one at another
-                # of the person's files (and O_NOFOLLOW's error below would name the file by
-                # its absolute path).
-                file = self.path.with_name(self.path.name + suffix)
-                if file.is_symlink():
-                    raise KilnPathError(
-                        f"{RESERVED_DIR}/{file.name} is a symbolic link: Crucible does not "
-                        "write its word-piece store through a link",
-                        f"remove the link (`rm {RESERVED_DIR}/{file.name}` in the kiln's folder)",
-                    )
+            if (linked := self.linked()) is not None:
+                raise linked
             # Made 0600 before SQLite opens it: its -wal and -shm files take the same mode.
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE))
             db = sqlite3.connect(self.path, check_same_thread=False, timeout=30.0, isolation_level=None)
@@ -108,6 +99,20 @@ class TokenStore:
                        "PRIMARY KEY (path, ordinal))")
             self._db = db
         return self._db
+
+    def linked(self) -> KilnPathError | None:
+        """The store's file or one of its journals as a link, which it refuses: SQLite writes
+        through a link, and a vault from elsewhere could aim one at another of the person's files
+        (and O_NOFOLLOW's error would name the file by its absolute path)."""
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            file = self.path.with_name(self.path.name + suffix)
+            if file.is_symlink():
+                return KilnPathError(
+                    f"{RESERVED_DIR}/{file.name} is a symbolic link: Crucible does not write its "
+                    "word-piece store through a link",
+                    f"remove the link (`rm {RESERVED_DIR}/{file.name}` in the kiln's folder)",
+                )
+        return None
 
     def _warn(self, what: str, exc: Exception) -> None:
         """Said once a process for each failure (a build meets the same one at every step);

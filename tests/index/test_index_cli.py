@@ -260,6 +260,8 @@ def test_links_inside_the_index_folder_are_not_written_through(
     assert str(tmp_path) not in done.stderr
     assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
     assert not (store / "chroma.sqlite3").is_symlink()
+    info_text = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln)).stdout
+    assert "  word pieces: not kept: " + said in info_text and "(fix: remove the link" in info_text
     found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
     assert found.returncode == 0 and "Garden/Compost.md" in found.stdout, found.stderr
     (tiny_kiln / ".crucible" / "tokens-kiln.sqlite-wal").unlink()
