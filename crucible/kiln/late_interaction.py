@@ -268,18 +268,6 @@ class TokenStore:
                     [*part, MAX_PIECES_PER_CHUNK * PLANE_BITS // 8]).fetchall())
         return out
 
-    def get(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
-        """The bits stored for these hashes; {} if the store cannot be read (said in the log)."""
-        words = PLANE_BITS // 64
-        try:
-            found = self._get(list(hashes))
-        except STORE_ERRORS as exc:
-            self._warn("cannot be read", exc)
-            return {}
-        # A row of another length (a damaged file) is left out rather than misread.
-        return {h: np.frombuffer(b, dtype=np.uint64).reshape(-1, words) for h, b in found.items()
-                if isinstance(b, bytes) and len(b) % (words * 8) == 0}
-
     def clear(self) -> None:
         try:
             with self._lock:
@@ -296,15 +284,10 @@ class TokenStore:
                 self._db = None
 
 
-def maxsim(query: np.ndarray, chunks: Sequence[np.ndarray]) -> float | None:
-    """The best chunk's MaxSim with the query (bit rows of each, `TokenStore.bits`): for each
-    query piece its most alike piece of the chunk, as 1 - 2 * (share of differing signs), then
-    the mean over the query's pieces. None if nothing can be compared."""
-    return maxsim_notes(query, [chunks])[0]
-
-
 def maxsim_notes(query: np.ndarray, notes: Sequence[Sequence[np.ndarray]]) -> list[float | None]:
-    """`maxsim` of each note's chunks, computed over all their pieces at once."""
+    """Each note's MaxSim with the query (bit rows of each, `TokenStore.bits`): for each query
+    piece its most alike piece of a chunk, as 1 - 2 * (share of differing signs), the mean over
+    the query's pieces, and the note's best chunk; None for a note with nothing to compare."""
     kept = [[c for c in chunks if len(c)] for chunks in notes]
     sizes = [len(c) for chunks in kept for c in chunks]
     if len(query) == 0 or not sizes:

@@ -559,25 +559,18 @@ def _refuse_links(path: Path) -> None:
                        "link (it may lead out of the kiln, and the index would be written where it leads)")
 
     seen = 0
+    folders = [path]
     try:
-        with os.scandir(path) as top:
-            folders = []
-            for entry in top:
-                seen += 1
-                if entry.is_symlink():
-                    raise linked(entry.name)
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(entry)
-                if seen > MAX_STORE_ENTRIES:
-                    raise refused(f"holds more than {MAX_STORE_ENTRIES:,} files: not a store Crucible made")
-        for folder in folders:
-            with os.scandir(folder.path) as inner:
-                for entry in inner:
+        for folder in folders:  # the store, then the folders found in it (its segments')
+            with os.scandir(folder) as listing:
+                for entry in listing:
                     seen += 1
                     if entry.is_symlink():
-                        raise linked(f"{folder.name}/{entry.name}")
+                        raise linked(Path(entry.path).relative_to(path).as_posix())
                     if seen > MAX_STORE_ENTRIES:
                         raise refused(f"holds more than {MAX_STORE_ENTRIES:,} files: not a store Crucible made")
+                    if folder == path and entry.is_dir(follow_symlinks=False):
+                        folders.append(Path(entry.path))
     except OSError:
         return  # not there yet (Chroma makes it), or unreadable: Chroma's own error says so
 

@@ -20,7 +20,7 @@ from crucible.kiln.late_interaction import (
     PLANE_BITS,
     PLANES_ID,
     TokenStore,
-    maxsim,
+    maxsim_notes,
     rerank,
     tokens_file,
 )
@@ -125,13 +125,14 @@ def test_bits_compare_as_the_vectors_do(tmp_path: Path) -> None:
     near = a + 0.1 * rng.standard_normal((5, 384)).astype(np.float32)
     far = rng.standard_normal((7, 384)).astype(np.float32)
     store.put([("near", near), ("far", far)])
-    got = store.get(["near", "far", "none"])
-    assert set(got) == {"near", "far"} and store.missing(["near", "none"]) == {"none"}
+    store.set_chunks({"Near.md": ["near"], "Far.md": ["far"], "Both.md": ["far", "near"], "None.md": ["none"]})
+    got = store.note_pieces(["Near.md", "Far.md", "Both.md", "None.md"], 8)
+    assert set(got) == {"Near.md", "Far.md", "Both.md"} and store.missing(["near", "none"]) == {"none"}
     q = store.bits(a)
-    near_score, far_score = maxsim(q, [got["near"]]), maxsim(q, [got["far"]])
+    near_score, far_score, both_score = maxsim_notes(q, [got["Near.md"], got["Far.md"], got["Both.md"]])
     assert near_score is not None and far_score is not None and near_score > 0.9 > 0.3 > far_score
-    assert maxsim(q, [got["far"], got["near"]]) == near_score  # a note's best chunk
-    assert maxsim(q[:0], [got["near"]]) is None and maxsim(q, []) is None
+    assert both_score == near_score  # a note's best chunk
+    assert maxsim_notes(q[:0], [got["Near.md"]]) == [None] and maxsim_notes(q, [[]]) == [None]
     store.close()
 
 
@@ -155,7 +156,7 @@ def test_a_store_from_elsewhere_is_read_within_bounds(tmp_path: Path) -> None:
     db.commit()
     db.close()
     store = TokenStore(path)
-    assert store.missing(["huge", "small"]) == {"huge"} and set(store.get(["huge", "small"])) == {"small"}
+    assert store.missing(["huge", "small"]) == {"huge"}
     got = store.note_pieces(["Huge.md", "Many.md"], 8)
     assert list(got) == ["Many.md"] and len(got["Many.md"]) == 8  # not 5,000 chunks read
     store.close()
