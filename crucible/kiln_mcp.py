@@ -279,7 +279,16 @@ class CrucibleKilnBackend:
         return self._index is not None or self._indexer().answers_by_words()
 
     def open_index(self, progress: ProgressFn) -> None:
-        self._call("", self._indexer().open_index)
+        def opened() -> None:
+            background = self._indexer()
+            try:
+                background.open_index()
+            except CrucibleError:
+                if background.words() is None:
+                    raise
+                # the search answers by the notes' words and says this problem (semantic_search)
+
+        self._call("", opened)
 
     def _redacted(self, hits: list[SearchHit]) -> list[SearchHit]:
         """Snippets quote notes, which may hold the machine's paths: the last safety net."""
@@ -298,7 +307,16 @@ class CrucibleKilnBackend:
                 if words is not None:  # never indexed, the vector store still opening: by words now
                     hits = self._redacted(search.words_search(words, query, limit))
                     return RankedResults(results=hits, index=IndexShare(embedded=0.0, notes=len(words)))
-            index = background.open_index()
+            try:
+                index = background.open_index()
+            except CrucibleError as exc:
+                # A store that cannot be opened (damaged, a link in it, a server down) still
+                # has the notes' words: the agent gets those, and the problem with its fix.
+                if (words := background.words()) is None:
+                    raise
+                hits = self._redacted(search.words_search(words, query, limit))
+                return RankedResults(results=hits, index=IndexShare(
+                    embedded=0.0, notes=len(words), problem=self.redact(_message(exc))))
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
             # A kiln mostly not embedded yet is searched by words at once while the query model
             # is not loaded (seconds): its few vectors are not worth the wait. The model loads

@@ -109,6 +109,15 @@ class IndexShare(_Model):
     embedded: float = Field(description="share of the kiln's notes searchable by meaning so far (0-1); "
                                         "the rest are found by their words while the index builds")
     notes: int = Field(description="notes in the kiln")
+    problem: str | None = Field(default=None, description="why the kiln's index cannot be searched by meaning "
+                                                         "now, and its fix (absent when it can)")
+
+    @model_serializer(mode="wrap")
+    def _without_no_problem(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("problem") is None:
+            data.pop("problem", None)  # {"embedded", "notes"} as before, on every usable index
+        return data
 
 
 class RankedResults(SearchResults):
@@ -117,8 +126,8 @@ class RankedResults(SearchResults):
     index: IndexShare
     # The summary line, in the structured result too (filled in from `index` when serialised):
     # Claude Code gives its model the structuredContent alone (FIELD-NOTES).
-    notice: str | None = Field(default=None, description="while the index is incomplete, what that means "
-                                                         "for these results (absent once it is complete)")
+    notice: str | None = Field(default=None, description="while the index is incomplete or unusable, what "
+                                                         "that means for these results (absent once it is complete)")
 
     @model_serializer(mode="wrap")
     def _with_notice(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -129,7 +138,11 @@ class RankedResults(SearchResults):
         return data
 
     def summary_line(self) -> str | None:
-        """One line for the text content while the index is incomplete (None once complete)."""
+        """One line for the text content while the index is incomplete or unusable (None once
+        complete)."""
+        if self.index.problem is not None:
+            return (f"Index: the kiln's index cannot be searched by meaning: {self.index.problem} "
+                    "Until then these notes were matched by their words only.")
         if self.index.embedded >= 1.0:
             return None
         return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded so "

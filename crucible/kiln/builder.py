@@ -177,6 +177,12 @@ class BackgroundIndex:
                 self._words_searching -= 1
                 self._words_done.notify_all()
 
+    def words(self) -> LexicalView | None:
+        """The kiln's lexical index once read (None before, or when reading it failed): what a
+        search answers with when the vector store cannot be opened (`open_index`'s error)."""
+        lexical = self._lexical
+        return LexicalView(self.root, lexical, self._lex_lock) if lexical is not None else None
+
     def query_embedder_ready(self) -> bool:
         """Whether a query is embedded now, without loading a model first. Never waits."""
         index = self.index

@@ -217,7 +217,17 @@ def cmd_search(args: argparse.Namespace) -> int:
             _print_results(args, results, share)
             return 0
         if mode in ("semantic", "hybrid"):
-            index = _open_existing(root, config)
+            try:
+                index = _open_existing(root, config)
+            except CrucibleError as exc:
+                # A store that cannot be opened (damaged, a link inside it, its server down): the
+                # words still answer, with the problem and its fix; not a `.crucible` that is a
+                # link (the saved words would be read through it).
+                if mode == "semantic" or (root / RESERVED_DIR).is_symlink():
+                    raise
+                results, share = _search_by_words(root, config, args.query, args.limit, problem=exc)
+                _print_results(args, results, share)
+                return 0
             if index.count_notes() == 0:
                 if next(iter_markdown(root), None) is None:  # indexed, and nothing to index
                     raise CrucibleError("the kiln has no notes: no markdown (.md) file in it",
@@ -251,16 +261,24 @@ def _no_index(root: Path, config: Config) -> bool:
     return not config.index.url and not (root / RESERVED_DIR).is_symlink() and not (root / STORE_DIR).is_dir()
 
 
-def _search_by_words(root: Path, config: Config, query: str, limit: int) -> tuple[list[SearchHit], dict[str, Any]]:
-    """A kiln never indexed: its notes by their words (those a session saved, brought up to
-    date, else read now: seconds for 10,000 notes), kept in memory only (a search writes
-    nothing into the kiln), as `semantic_search` answers before the index is built; a line on
-    stderr says so. Read as a first build reads them: one search needs no links or postings."""
+def _search_by_words(
+    root: Path, config: Config, query: str, limit: int, problem: CrucibleError | None = None
+) -> tuple[list[SearchHit], dict[str, Any]]:
+    """A kiln never indexed, or whose index cannot be opened (`problem`): its notes by their
+    words (those a session saved, brought up to date, else read now: seconds for 10,000
+    notes), kept in memory only (a search writes nothing into the kiln), as `semantic_search`
+    answers before the index is built; a line on stderr says so. Read as a first build reads
+    them: one search needs no links or postings."""
     lexical, _ = load_lexical(root, config.index.collection, deferred=True)
     results = words_search(LexicalView(root, lexical, threading.RLock()), query, limit)
-    print("index: the kiln has no index yet: the results are matched by their words only "
-          "(`cru kiln index` builds it, to search by meaning)", file=sys.stderr)
-    return results, {"embedded": 0.0, "notes": len(lexical)}
+    if problem is None:
+        print("index: the kiln has no index yet: the results are matched by their words only "
+              "(`cru kiln index` builds it, to search by meaning)", file=sys.stderr)
+        return results, {"embedded": 0.0, "notes": len(lexical)}
+    fix = f" (fix: {problem.fix})" if problem.fix else ""
+    print(f"index: {problem.message}: the results are matched by their words only{fix}", file=sys.stderr)
+    return results, {"embedded": 0.0, "notes": len(lexical), "problem": problem.message,
+                     **({"fix": problem.fix} if problem.fix else {})}
 
 
 def _searched_share(index: KilnIndex) -> dict[str, Any]:

@@ -275,6 +275,11 @@ def test_links_inside_the_index_folder_are_not_written_through(
     victim.unlink()
     victim.symlink_to(wal)
     done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "compost")
+    # refused, and the search answers by words, with the link named and the fix
+    assert done.returncode == 0 and done.stdout.startswith("1. Garden/Compost.md"), done.stderr
+    assert f"holds a symbolic link ({segment.name}/{victim.name})" in done.stderr
+    assert "(fix: cru kiln index --rebuild)" in done.stderr
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "--mode", "semantic", "compost")
     assert done.returncode == 1 and f"holds a symbolic link ({segment.name}/{victim.name})" in done.stderr
     assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
 
@@ -339,6 +344,19 @@ def test_search_without_index_and_damaged_index(
     info = cru(cru_bin, clean_env, "kiln", "info", "--kiln", str(tiny_kiln), "--json")
     assert json.loads(info.stdout)["index"]["fix"] == "cru kiln index --rebuild"
     assert json.loads(info.stdout)["index"]["status"] == "unusable"
+    # The default search still finds the notes by their words, and says why and the fix; by
+    # meaning alone there is nothing to search.
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "spaghetti sauce")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("1. Cooking/Pasta.md — Pasta night")
+    assert "damaged" in done.stderr and "the results are matched by their words only" in done.stderr
+    assert "(fix: cru kiln index --rebuild)" in done.stderr and str(tiny_kiln) not in done.stderr
+    share = json.loads(cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta",
+                           "--json").stdout)["index"]
+    assert share["embedded"] == 0.0 and share["notes"] == 3 and share["fix"] == "cru kiln index --rebuild"
+    done = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tiny_kiln), "pasta", "--mode", "semantic")
+    assert done.returncode == 1 and "fix: cru kiln index --rebuild" in done.stderr
+    assert (store / "chroma.sqlite3").read_bytes() == b"garbage" * 1000  # searching changed nothing
 
     done = cru(cru_bin, clean_env, "kiln", "index", "--kiln", str(tiny_kiln), "--rebuild")
     assert done.returncode == 0, done.stderr

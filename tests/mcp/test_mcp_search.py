@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mcp_types as types
 import pytest
 import trio
 from conftest import LeakCheck, stdio_client, texts
@@ -85,4 +86,30 @@ async def test_searches_on_the_real_index(cru_bin: str, mcp_kiln: Path, cru_env:
         assert r.structured_content is not None
         index = r.structured_content["index"]
         assert index["opened"] is True and index["notes"] >= 30 and index["chunks"] > index["notes"]
+    leak.check()
+
+
+async def test_a_store_that_cannot_be_opened_is_searched_by_words_with_its_fix(
+        cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
+    """A damaged vector store (or a link in it, or its server down) left `semantic_search` an
+    error while the notes' words could answer: the agent gets those, and the problem with its fix
+    in the result (structured, and the line after the JSON)."""
+    store = mcp_kiln / ".crucible" / "chroma"
+    store.mkdir(parents=True)
+    (store / "chroma.sqlite3").write_bytes(b"garbage" * 1000)
+    leak = LeakCheck(tmp_path, mcp_kiln)
+    async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+        with trio.fail_after(120):
+            r = leak(await c.call_tool("semantic_search", {"query": "feeding the sourdough starter", "limit": 3}))
+        assert not r.is_error, texts(r)
+        sc = r.structured_content
+        assert sc is not None and sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
+        assert sc["index"]["embedded"] == 0.0 and sc["index"]["notes"] >= 30
+        assert "damaged" in sc["index"]["problem"] and "Run `cru kiln index --rebuild`." in sc["index"]["problem"]
+        assert sc["notice"].startswith("Index: the kiln's index cannot be searched by meaning: ")
+        assert sc["notice"].endswith("Until then these notes were matched by their words only.")
+        assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
+        r = leak(await c.call_tool("semantic_search", {"query": "", "limit": 3}))
+        assert r.is_error  # a query error stays an error
+    assert (store / "chroma.sqlite3").read_bytes() == b"garbage" * 1000
     leak.check()
