@@ -67,6 +67,9 @@ FOLLOW_EVERY = 1.0
 # Another process's update of fewer notes than this (a note saved while two sessions serve the
 # kiln) takes a second or so: it is not shown, nor finished here if it stops.
 FOLLOW_MIN_NOTES = 50
+# An index on a server that could not be opened is tried again this often (an embedded store is
+# tried again when its files change).
+RETRY_SERVER = 30.0
 
 Phase = Literal["starting", "opening", "waiting", "embedding", "ready", "failed", "stopped"]
 
@@ -341,11 +344,12 @@ class BackgroundIndex:
                     self.root, lambda status: self._waiting(status) and not self._stop.wait(FOLLOW_EVERY)):
                 self._set(phase="stopped", force=True)
                 return
-            # chromadb (~1 s): in this thread, not at start
-            from crucible.kiln.index import KilnIndex
-
-            index = KilnIndex.open(self.root, self.config, lexical=(lexical, changed, self._lex_lock))
-            self._index = index
+            index = self._open(lexical, changed)
+            if index is None:  # closed while the store could not be opened
+                self._set(phase="stopped", force=True)
+                return
+            self._index = index  # before the error goes: open_index reads the error, then this
+            self._error = None
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
             if self._build():
@@ -363,6 +367,47 @@ class BackgroundIndex:
         finally:
             self._lexical_read.set()
             self._opened.set()
+
+    def _open(self, lexical: LexicalIndex, changed: bool) -> Any:
+        """The opened KilnIndex; None if closed first. A store that cannot be opened (damaged, a
+        link inside it, its server down) fails the index, and searches answer by words with the
+        problem (`words`), until the store changes (`cru kiln index --rebuild` in another
+        terminal) or, for a server, RETRY_SERVER seconds pass: then it is opened again, so the
+        session takes the fix without a restart."""
+        # chromadb (~1 s): in this thread, not at start
+        from crucible.kiln.index import KilnIndex
+
+        while True:
+            stamp = self._store_stamp()
+            try:
+                return KilnIndex.open(self.root, self.config, lexical=(lexical, changed, self._lex_lock))
+            except CrucibleError as exc:
+                self._fail(exc)
+                self._opened.set()  # searches now answer by words, with this problem
+            retry_at = time.monotonic() + RETRY_SERVER
+            while not self._stop.wait(FOLLOW_EVERY):
+                if self.config.index.url:
+                    if time.monotonic() >= retry_at:
+                        break  # quietly: the state changes only if the outcome does
+                elif build_status(self.root) is None and self._store_stamp() != stamp:
+                    # (while it is being written, the fix running: when it is done)
+                    log.info("the kiln's index changed since it could not be opened: opening it again")
+                    self._set(phase="opening", problem=None, force=True)
+                    break
+            else:
+                return None
+
+    def _store_stamp(self) -> tuple[tuple[int, int, int], ...]:
+        """What changes when the vector store is written or replaced (its folder's entries and
+        its database file)."""
+        out = []
+        for path in (self.root / STORE_DIR, self.root / STORE_DIR / "chroma.sqlite3"):
+            try:
+                st = path.lstat()
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((0, 0, 0))
+        return tuple(out)
 
     def _warm_properties(self) -> None:
         """Once the index is ready (the CPU is free then): every note's properties, so that a

@@ -579,13 +579,19 @@ def _persistent_client(path: Path, root: Path) -> Any:
     _refuse_links(path)
     with store_errors(root, STORE_DIR, "opening it"):
         reserved_dir(root)
-        client = chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
+        try:
+            client = chromadb.PersistentClient(path=str(path), settings=Settings(anonymized_telemetry=False))
+        except Exception:
+            # Chroma keeps the system it failed to start for this path, half made: the next
+            # opening in this process (once the store is mended) would get it, and fail again.
+            _drop_system(path)
+            raise
     private_tree(path)  # its database, made just now (or by an older version) with the umask
     return client
 
 
-def _wipe_local(path: Path) -> None:
-    # Chroma caches one system per store path in the process: drop ours before deleting it.
+def _drop_system(path: Path) -> None:
+    """Stop and forget the system Chroma caches for this store path in the process."""
     system = SharedSystemClient._identifier_to_system.pop(str(path), None)
     SharedSystemClient._identifier_to_refcount.pop(str(path), None)
     if system is not None:
@@ -593,6 +599,10 @@ def _wipe_local(path: Path) -> None:
             system.stop()
         except Exception:  # noqa: BLE001 - a damaged store may not even stop cleanly
             pass
+
+
+def _wipe_local(path: Path) -> None:
+    _drop_system(path)  # before deleting its files
     if path.exists():
         shutil.rmtree(path)
 

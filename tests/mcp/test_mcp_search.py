@@ -111,5 +111,20 @@ async def test_a_store_that_cannot_be_opened_is_searched_by_words_with_its_fix(
         assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
         r = leak(await c.call_tool("semantic_search", {"query": "", "limit": 3}))
         assert r.is_error  # a query error stays an error
-    assert (store / "chroma.sqlite3").read_bytes() == b"garbage" * 1000
+        assert (store / "chroma.sqlite3").read_bytes() == b"garbage" * 1000
+        # The fix, run in another terminal while the session serves: the session takes it
+        # without a restart (it opens the store again once its files changed and no one writes).
+        fixed = await trio.run_process([cru_bin, "kiln", "index", "--rebuild", "--kiln", str(mcp_kiln)],
+                                       env=cru_env, capture_stdout=True, capture_stderr=True)
+        assert b"rebuilt the index" in fixed.stdout, fixed.stderr
+        with trio.fail_after(60):
+            while True:
+                r = leak(await c.call_tool("semantic_search", {"query": "feeding the sourdough starter", "limit": 3}))
+                sc = r.structured_content
+                assert sc is not None, texts(r)
+                if "problem" not in sc["index"]:
+                    break
+                await trio.sleep(0.2)  # the session looks at the store once a second
+        assert sc["index"] == {"embedded": 1.0, "notes": sc["index"]["notes"]} and "notice" not in sc
+        assert sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
     leak.check()
