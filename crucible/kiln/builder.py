@@ -382,18 +382,26 @@ class BackgroundIndex:
             try:
                 return KilnIndex.open(self.root, self.config, lexical=(lexical, changed, self._lex_lock))
             except CrucibleError as exc:
-                self._fail(exc)
+                failure = exc
+                self._fail(failure)
                 self._opened.set()  # searches now answer by words, with this problem
             retry_at = time.monotonic() + RETRY_SERVER
+            shown_waiting = False
             while not self._stop.wait(FOLLOW_EVERY):
                 if self.config.index.url:
                     if time.monotonic() >= retry_at:
                         break  # quietly: the state changes only if the outcome does
-                elif build_status(self.root) is None and self._store_stamp() != stamp:
-                    # (while it is being written, the fix running: when it is done)
+                    continue
+                status = build_status(self.root)
+                if status is not None:  # being written (the fix running): its progress, then open it
+                    shown_waiting = self._waiting(status)
+                elif self._store_stamp() != stamp:
                     log.info("the kiln's index changed since it could not be opened: opening it again")
                     self._set(phase="opening", problem=None, force=True)
                     break
+                elif shown_waiting:  # a writer came and went, and left the store as it was
+                    shown_waiting = False
+                    self._fail(failure)
             else:
                 return None
 
