@@ -681,16 +681,19 @@ class AcpAgentServer:
 
     async def _tell_index(self, proxy: ProxySession) -> None:
         """Like the warnings, at a turn's start: once that the kiln is still being indexed
-        (searches match by words until then), once more when it is ready, or why it failed."""
+        (searches match by words until then), or why it failed; once more when it is ready (a
+        failed index is opened again once mended, BackgroundIndex._open)."""
         backend = proxy.cs.bridge.backend if proxy.cs.bridge is not None else None
-        if backend is None or not hasattr(backend, "index_state") or proxy.index_told in ("ready", "failed"):
+        if backend is None or not hasattr(backend, "index_state") or proxy.index_told == "ready":
             return
         state = backend.index_state()
         text = ""
         if state.phase == "failed":
-            proxy.index_told = "failed"
-            text = (f"⚠ Crucible: the kiln's index could not be built ({backend.redact(state.problem or '')}); "
-                    "searching the kiln matches words only. `cru kiln index` tries again and says why")
+            if proxy.index_told != "failed":
+                proxy.index_told = "failed"
+                text = (f"⚠ Crucible: the kiln's index could not be built ({backend.redact(state.problem or '')}); "
+                        "searching the kiln matches words only. `cru kiln index` says how to mend it, "
+                        "and this session takes the mended index")
         elif proxy.index_told == "":
             left = round((1.0 - state.embedded) * state.notes)
             if state.phase in ("embedding", "waiting") and left >= INDEX_NOTICE_NOTES:

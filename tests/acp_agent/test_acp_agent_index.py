@@ -7,6 +7,7 @@ the build (in its real worker process) waits until the test lets it go on."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,44 @@ def test_the_editor_is_told_once_that_the_kiln_is_indexed_and_once_that_it_is_re
     said = editor.text(sid)
     assert said.count("being indexed") == 1 and said.count("index is ready") == 1, said
     assert said.endswith(READY + f"echo: poll {said.count('echo: poll')}" + "echo: after"), said
+
+
+def test_the_editor_is_told_when_the_index_cannot_be_opened_and_when_it_is_mended(big: AcpSetup) -> None:
+    store = big.kiln / ".crucible" / "chroma"
+    store.mkdir(parents=True)
+    (store / "chroma.sqlite3").write_bytes(b"garbage" * 1000)
+    editor = Editor()
+    with GatedEmbedder() as embedder:
+        embedder.open()
+        config = Path(big.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml())
+
+        async def body(conn: Any, init: InitializeResponse) -> str:
+            sid = str((await conn.new_session(cwd=str(big.work), mcp_servers=[])).session_id)
+            deadline = time.monotonic() + 60
+            while "could not be built" not in editor.text(sid):  # the opening fails within seconds
+                assert time.monotonic() < deadline, editor.text(sid)
+                await conn.prompt(session_id=sid, prompt=text("poll"))
+                await asyncio.sleep(0.2)
+            # The fix, in another terminal while the session serves.
+            fixed = await asyncio.to_thread(
+                subprocess.run, [big.cru, "kiln", "index", "--rebuild", "--kiln", str(big.kiln)],
+                env=big.env, capture_output=True, text=True, timeout=240)
+            assert fixed.returncode == 0, fixed.stderr
+            deadline = time.monotonic() + 60
+            while READY not in editor.text(sid):
+                assert time.monotonic() < deadline, editor.text(sid)
+                await conn.prompt(session_id=sid, prompt=text("poll"))
+                await asyncio.sleep(0.2)
+            return sid
+
+        with open(big.stderr_path, "ab") as err:
+            sid, code = asyncio.run(drive(big.argv(), big.env, editor, err.fileno(), body, body_seconds=360))
+    assert code == 0, big.stderr()[-3000:]
+    said = editor.text(sid)
+    assert said.count("could not be built") == 1 and said.count("index is ready") == 1, said
+    assert ("⚠ Crucible: the kiln's index could not be built (the index in .crucible/chroma is damaged or "
+            "unreadable while opening it") in said
+    assert "`cru kiln index` says how to mend it, and this session takes the mended index" in said
+    assert str(big.kiln) not in said
