@@ -307,22 +307,22 @@ class CrucibleKilnBackend:
                 if words is not None:  # never indexed, the vector store still opening: by words now
                     hits = self._redacted(search.words_search(words, query, limit))
                     return RankedResults(results=hits, index=IndexShare(embedded=0.0, notes=len(words)))
+            # A store that cannot be opened or read (damaged, a link in it, its server down) still
+            # has the notes' words: the agent gets those, and the problem with its fix.
             try:
                 index = background.open_index()
             except CrucibleError as exc:
-                # A store that cannot be opened (damaged, a link in it, a server down) still
-                # has the notes' words: the agent gets those, and the problem with its fix.
-                if (words := background.words()) is None:
-                    raise
-                hits = self._redacted(search.words_search(words, query, limit))
-                return RankedResults(results=hits, index=IndexShare(
-                    embedded=0.0, notes=len(words), problem=self.redact(_message(exc))))
+                return self._by_words(background, query, limit, exc)
             # Dense retrieval alone lost to BM25 on this kind of kiln; the fused ranking won.
             # A kiln mostly not embedded yet is searched by words at once while the query model
             # is not loaded (seconds): its few vectors are not worth the wait. The model loads
             # in the background after this answer, for the next search.
             by_meaning = background.query_embedder_ready() or self._share().embedded >= DENSE_WAIT_SHARE
-            hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
+            search.check_query(query, limit)  # the query's own error stays an error
+            try:
+                hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
+            except CrucibleError as exc:  # the store failed since it was opened
+                return self._by_words(background, query, limit, exc)
             # The search caught up with other processes' writes: the share as of it, without reading
             # the store's generation a second time (~0.5 ms of a ~8 ms search)
             share = self._share(follow=False)
@@ -331,6 +331,19 @@ class CrucibleKilnBackend:
             return RankedResults(results=hits, index=share)
 
         return self._call(query, ranked)
+
+    def _by_words(self, background: BackgroundIndex, query: str, limit: int,
+                  problem: CrucibleError) -> RankedResults:
+        """`semantic_search`'s answer by the notes' words alone (the lexical index, which never
+        reads the vector store), with why the index could not be searched by meaning; the
+        `problem` itself when the words were never read."""
+        from crucible.kiln import search  # (loaded by the search that calls this)
+
+        if (words := background.words()) is None:
+            raise problem
+        hits = self._redacted(search.words_search(words, query, limit))
+        return RankedResults(results=hits, index=IndexShare(
+            embedded=0.0, notes=len(words), problem=self.redact(_message(problem))))
 
     def _share(self, *, follow: bool = True) -> IndexShare:
         embedded, notes = self._indexer().current_share(follow=follow)

@@ -434,7 +434,23 @@ class KilnIndex:
     def follow_store(self) -> None:
         """Catch up with another process's update (`cru kiln index` beside a session): the
         store's generation says whether one happened. Cheap when none did (one read)."""
-        generation = self.chroma.generation()
+        try:
+            generation = self.chroma.generation()
+        except StaleViewError:
+            raise  # `reading` opens the store again and retries
+        except IndexUnusableError:
+            # This process's view failed (the store damaged, or its files replaced under it by
+            # another cru's rebuild, the fix): open it again when no one writes it, and read
+            # once more; still failing, it is damaged. Else a session kept its broken view.
+            if (self.chroma.local is None or build_status(self.root) is not None
+                    or not self._lock.acquire(blocking=False)):
+                raise
+            try:
+                self.chroma.reopen()
+                self._stale_view = False
+            finally:
+                self._lock.release()
+            generation = self.chroma.generation()
         if generation != self._seen_generation:
             self._seen_generation = generation
             if generation not in self._own_generations:

@@ -128,3 +128,34 @@ async def test_a_store_that_cannot_be_opened_is_searched_by_words_with_its_fix(
         assert sc["index"] == {"embedded": 1.0, "notes": sc["index"]["notes"]} and "notice" not in sc
         assert sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
     leak.check()
+
+
+async def test_a_store_damaged_under_a_session_is_searched_by_words_until_the_fix(
+        cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
+    """The store breaks while `cru mcp` has it open (a disk error, a sync tool writing over it):
+    the searches answer by words with the problem; once `cru kiln index --rebuild` has run in
+    another terminal, by meaning again (the session had kept its broken view of the store)."""
+    built = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(mcp_kiln)], env=cru_env,
+                                   capture_stdout=True, capture_stderr=True)
+    assert built.returncode == 0, built.stderr
+    query = {"query": "feeding the sourdough starter", "limit": 3}
+    database = mcp_kiln / ".crucible" / "chroma" / "chroma.sqlite3"
+    leak = LeakCheck(tmp_path, mcp_kiln)
+    async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+        r = leak(await c.call_tool("semantic_search", query))
+        assert r.structured_content is not None and r.structured_content["index"]["embedded"] == 1.0, texts(r)
+        database.write_bytes(b"garbage" * 1000)
+        r = leak(await c.call_tool("semantic_search", query))
+        sc = r.structured_content
+        assert not r.is_error and sc is not None, texts(r)
+        assert sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
+        assert "damaged or unreadable" in sc["index"]["problem"] and sc["index"]["embedded"] == 0.0
+        assert sc["notice"].startswith("Index: the kiln's index cannot be searched by meaning: ")
+        fixed = await trio.run_process([cru_bin, "kiln", "index", "--rebuild", "--kiln", str(mcp_kiln)],
+                                       env=cru_env, capture_stdout=True, capture_stderr=True)
+        assert b"rebuilt the index" in fixed.stdout, fixed.stderr
+        r = leak(await c.call_tool("semantic_search", query))
+        sc = r.structured_content
+        assert sc is not None and sc["index"] == {"embedded": 1.0, "notes": sc["index"]["notes"]}, texts(r)
+        assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
+    leak.check()
