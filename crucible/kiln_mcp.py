@@ -322,7 +322,9 @@ class CrucibleKilnBackend:
             try:
                 hits = self._redacted(search.hybrid_search(index, query, limit, by_meaning=by_meaning))
             except CrucibleError as exc:  # the store failed since it was opened
+                background.search_failed(exc)
                 return self._by_words(background, query, limit, exc)
+            background.search_read()
             # The search caught up with other processes' writes: the share as of it, without reading
             # the store's generation a second time (~0.5 ms of a ~8 ms search)
             share = self._share(follow=False)

@@ -126,6 +126,7 @@ class BackgroundIndex:
         self._lexical_read = threading.Event()  # read, or the opening failed first
         self._words_searching = 0  # searches answering by words before the index opens
         self._words_done = threading.Condition()
+        self._search_broke = False  # the failure shown is a search's (search_failed)
 
     # -- for the owner -----------------------------------------------------------------------
 
@@ -185,6 +186,21 @@ class BackgroundIndex:
         search answers with when the vector store cannot be opened (`open_index`'s error)."""
         lexical = self._lexical
         return LexicalView(self.root, lexical, self._lex_lock) if lexical is not None else None
+
+    def search_failed(self, exc: CrucibleError) -> None:
+        """A search found the open store failing (damaged since it opened): the index shows that
+        problem (the status bar, `cru acp`'s notice) until a search reads the store again."""
+        if self._index is not None and self.state().phase == "ready":
+            self._set(phase="failed", problem=exc.message, force=True)
+            self._search_broke = True
+
+    def search_read(self) -> None:
+        """A search read the open store: a failure `search_failed` showed is over (not another:
+        a build that failed stays failed)."""
+        if self._search_broke and self.state().phase == "failed":
+            self._search_broke = False
+            share, notes = self.share()
+            self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
 
     def query_embedder_ready(self) -> bool:
         """Whether a query is embedded now, without loading a model first. Never waits."""
@@ -249,6 +265,8 @@ class BackgroundIndex:
     # -- the indexing thread ---------------------------------------------------------------------
 
     def _set(self, force: bool = False, **changes: Any) -> None:
+        if changes.get("phase", "failed") != "failed":
+            self._search_broke = False  # over: a later failure is not a search's
         with self._state_lock:
             if changes.get("phase", self._state.phase) != "waiting":
                 changes.setdefault("stopped_writer", None)

@@ -144,6 +144,12 @@ async def test_a_store_damaged_under_a_session_is_searched_by_words_until_the_fi
     async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
         r = leak(await c.call_tool("semantic_search", query))
         assert r.structured_content is not None and r.structured_content["index"]["embedded"] == 1.0, texts(r)
+        with trio.fail_after(60):  # the session's check that nothing is left to embed, done
+            while True:
+                stats = leak(await c.call_tool("get_kiln_stats", {})).structured_content
+                if stats is not None and stats["index"]["phase"] == "ready":
+                    break
+                await trio.sleep(0.2)  # polling a tool: the state is only seen through it
         database.write_bytes(b"garbage" * 1000)
         r = leak(await c.call_tool("semantic_search", query))
         sc = r.structured_content
@@ -151,6 +157,10 @@ async def test_a_store_damaged_under_a_session_is_searched_by_words_until_the_fi
         assert sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
         assert "damaged or unreadable" in sc["index"]["problem"] and sc["index"]["embedded"] == 0.0
         assert sc["notice"].startswith("Index: the kiln's index cannot be searched by meaning: ")
+        # and the index says so where the person looks (the status bar, cru acp's notice)
+        r = leak(await c.call_tool("get_kiln_stats", {}))
+        assert r.structured_content is not None and r.structured_content["index"]["phase"] == "failed"
+        assert "damaged or unreadable" in r.structured_content["index"]["error"]
         fixed = await trio.run_process([cru_bin, "kiln", "index", "--rebuild", "--kiln", str(mcp_kiln)],
                                        env=cru_env, capture_stdout=True, capture_stderr=True)
         assert b"rebuilt the index" in fixed.stdout, fixed.stderr
@@ -158,4 +168,7 @@ async def test_a_store_damaged_under_a_session_is_searched_by_words_until_the_fi
         sc = r.structured_content
         assert sc is not None and sc["index"] == {"embedded": 1.0, "notes": sc["index"]["notes"]}, texts(r)
         assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
+        r = leak(await c.call_tool("get_kiln_stats", {}))
+        assert r.structured_content is not None and r.structured_content["index"]["phase"] == "ready"
+        assert "problem" not in r.structured_content["index"]
     leak.check()
