@@ -691,7 +691,7 @@ class AcpAgentServer:
         if state.phase == "failed":
             if proxy.index_told != "failed":
                 proxy.index_told = "failed"
-                text = (f"⚠ Crucible: the kiln's index could not be built ({backend.redact(state.problem or '')}); "
+                text = (f"⚠ Crucible: the kiln's index cannot be used ({backend.redact(state.problem or '')}); "
                         "searching the kiln matches words only. `cru kiln index` says how to mend it, "
                         "and this session takes the mended index")
         elif proxy.index_told == "":

@@ -90,7 +90,7 @@ def test_the_editor_is_told_when_the_index_cannot_be_opened_and_when_it_is_mende
         async def body(conn: Any, init: InitializeResponse) -> str:
             sid = str((await conn.new_session(cwd=str(big.work), mcp_servers=[])).session_id)
             deadline = time.monotonic() + 60
-            while "could not be built" not in editor.text(sid):  # the opening fails within seconds
+            while "index cannot be used" not in editor.text(sid):  # the opening fails within seconds
                 assert time.monotonic() < deadline, editor.text(sid)
                 await conn.prompt(session_id=sid, prompt=text("poll"))
                 await asyncio.sleep(0.2)
@@ -110,8 +110,8 @@ def test_the_editor_is_told_when_the_index_cannot_be_opened_and_when_it_is_mende
             sid, code = asyncio.run(drive(big.argv(), big.env, editor, err.fileno(), body, body_seconds=360))
     assert code == 0, big.stderr()[-3000:]
     said = editor.text(sid)
-    assert said.count("could not be built") == 1 and said.count("index is ready") == 1, said
-    assert ("⚠ Crucible: the kiln's index could not be built (the index in .crucible/chroma is damaged or "
+    assert said.count("index cannot be used") == 1 and said.count("index is ready") == 1, said
+    assert ("⚠ Crucible: the kiln's index cannot be used (the index in .crucible/chroma is damaged or "
             "unreadable while opening it") in said
     assert "`cru kiln index` says how to mend it, and this session takes the mended index" in said
     assert str(big.kiln) not in said
