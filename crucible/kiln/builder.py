@@ -174,8 +174,7 @@ class BackgroundIndex:
         try:
             self.start()
             self._lexical_read.wait()
-            lexical = self._lexical
-            yield None if lexical is None or self._opened.is_set() else LexicalView(self.root, lexical, self._lex_lock)
+            yield None if self._opened.is_set() else self.words()
         finally:
             with self._words_done:
                 self._words_searching -= 1

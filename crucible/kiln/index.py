@@ -442,14 +442,8 @@ class KilnIndex:
             # This process's view failed (the store damaged, or its files replaced under it by
             # another cru's rebuild, the fix): open it again when no one writes it, and read
             # once more; still failing, it is damaged. Else a session kept its broken view.
-            if (self.chroma.local is None or build_status(self.root) is not None
-                    or not self._lock.acquire(blocking=False)):
+            if self.chroma.local is None or build_status(self.root) is not None or not self._reopen(False):
                 raise
-            try:
-                self.chroma.reopen()
-                self._stale_view = False
-            finally:
-                self._lock.release()
             generation = self.chroma.generation()
         if generation != self._seen_generation:
             self._seen_generation = generation
@@ -462,14 +456,22 @@ class KilnIndex:
         # Not while this process writes through it (then no other process can have written),
         # nor while the process writing it is stopped: opening it waits for that one to go on,
         # holding the GIL (the view stays stale; `reading` answers by words meanwhile).
-        if (self._stale_view and not (self.chroma.local is not None and stopped(build_status(self.root)))
-                and self._lock.acquire(blocking=False)):
-            try:
-                if self._stale_view:
-                    self.chroma.reopen()
-                    self._stale_view = False
-            finally:
-                self._lock.release()
+        if self._stale_view and not (self.chroma.local is not None and stopped(build_status(self.root))):
+            self._reopen(True)
+
+    def _reopen(self, if_stale: bool) -> bool:
+        """Open the store again (a view another process's writes left behind, or that failed),
+        unless this process is writing through it (its lock held); `if_stale`: only while the
+        view is still stale (another thread may have opened it meanwhile). False if not tried."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._stale_view or not if_stale:
+                self.chroma.reopen()
+                self._stale_view = False
+        finally:
+            self._lock.release()
+        return True
 
     def _reading_here(self) -> bool:
         """This thread runs inside `reading` (which followed the store first)."""
