@@ -242,6 +242,25 @@ def _resolve(key: str) -> Callable[[argparse.Namespace], int] | None:
     return func
 
 
+def _read_words_early(args: argparse.Namespace) -> None:
+    """`cru mcp` serving a kiln never indexed: a worker process starts counting its notes' words
+    before the MCP SDK is imported (~1.3 s), since its first search waits for them (a
+    10,000-note kiln: seconds). See `lexical.read_early`."""
+    if getattr(args, "print_config", None) or getattr(args, "connect", None):
+        return
+    # (here, not at the top: the other commands need neither)
+    from crucible.config import load_config, resolve_kiln
+    from crucible.errors import CrucibleError
+    from crucible.kiln.lexical import read_early
+
+    try:
+        config = load_config(getattr(args, "config", None))
+        root = resolve_kiln(getattr(args, "kiln", None), config)
+    except CrucibleError:
+        return  # `cru mcp` says it, as it did
+    read_early(root, config.index.collection)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (TAB)
@@ -262,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Every log line sanitized and redacted, whoever logs it (a no-op after -v set it up).
     install_log_handler(f"cru {args.command}: %(message)s")
+    if key == "mcp":
+        _read_words_early(args)
     handler = _resolve(key)
     if handler is None:
         print(f"cru: `{key.replace('.', ' ')}` is not available in this version yet", file=sys.stderr)

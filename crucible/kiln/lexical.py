@@ -36,11 +36,16 @@ each file's (mtime, size), so a new process re-reads only the notes that changed
 from __future__ import annotations
 
 import heapq
+import json
+import logging
+import marshal
 import math
 import os
 import posixpath
 import re
 import stat
+import subprocess
+import sys
 import threading
 from array import array
 from collections import Counter
@@ -120,6 +125,8 @@ _STOPWORDS = frozenset(
     what when where which while who whom why will with would you your yours yourself yourselves
     s t don doesn isn""".split()
 )
+log = logging.getLogger(__name__)
+
 _stemmer = snowballstemmer.stemmer("english")
 _stem_lock = threading.Lock()  # the snowball stemmer object is not thread-safe
 
@@ -455,6 +462,211 @@ def section_counts(fields: NoteFields) -> list[tuple[dict[str, int], int]]:
     return out
 
 
+# A note as the lexical index keeps it: its title, its terms' counts and length (`field_counts`),
+# its sections' (`section_counts`) and its prose lines with a wikilink (`link_terms` reads them).
+NoteCounts = tuple[str, dict[str, int], int, list[tuple[dict[str, int], int]], list[str]]
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return st.st_mtime_ns, st.st_size
+
+
+def note_counts(text: str, rel: str, *, words: bool = True) -> NoteCounts:
+    """What the lexical index keeps of a note (`words=False`: its title alone)."""
+    fields = note_fields(text, rel)
+    if not words:
+        return fields.title, {}, 0, [], []
+    counts, length = field_counts(fields)
+    return fields.title, counts, length, section_counts(fields), fields.link_lines
+
+
+def _read_counted(path: str, rel: str, words: bool) -> tuple[Stamp, NoteCounts] | None:
+    """The file's stamp and `note_counts`; None if it cannot be read as a note (any more)."""
+    try:
+        st = os.stat(path)
+        if st.st_size > MAX_NOTE_BYTES or not stat.S_ISREG(st.st_mode):
+            raise NoteReadError(f"{rel}: not a readable note")
+        with open(path, "rb") as f:
+            data = f.read(MAX_NOTE_BYTES + 1)
+        if len(data) > MAX_NOTE_BYTES:
+            raise NoteReadError(f"{rel}: not a readable note")
+        return (st.st_mtime_ns, st.st_size), note_counts(decode_note_bytes(data, rel), rel, words=words)
+    except (OSError, CrucibleError):
+        return None
+
+
+# A first reading of this many notes or more shares them with a second process (a 10,000-note
+# kiln: ~5 s of a first search's wait on a 2-core machine, all of it counting words, which one
+# process does on one core). Fewer are read here: a process costs ~0.3 s to start.
+SHARED_READ_MIN = 1000
+# The worker's command: this interpreter, this code (tests replace it).
+READ_WORKER = [sys.executable, "-c", "from crucible.kiln.lexical import _read_worker; _read_worker()"]
+
+
+def _spare_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) - 1
+    except AttributeError:  # not on Linux
+        return (os.cpu_count() or 1) - 1
+
+
+def count_files(files: Sequence[tuple[str, str]], *, words: bool = True) -> list[tuple[Stamp, NoteCounts] | None]:
+    """`_read_counted` of each (rel, path), in order (None: unreadable). Many notes' words:
+    a worker process on another core counts from the first note on while this one counts from
+    the last back, until they meet (however busy this process is meanwhile: `cru mcp` imports
+    the MCP SDK); a worker that fails leaves the rest to this one (slower, nothing lost)."""
+    worker = _take_early(files)
+    if worker is None and words and len(files) >= SHARED_READ_MIN and _spare_cpus() > 0:
+        worker = _Reader.start(list(files))
+    if worker is None:
+        return [_read_counted(path, rel, words) for rel, path in files]
+    own: list[tuple[Stamp, NoteCounts] | None] = []
+    at = len(files)
+    while at > worker.covered:
+        at -= 1
+        rel, path = files[at]
+        own.append(_read_counted(path, rel, words))
+    theirs = worker.stop()
+    own.reverse()
+    return theirs[:at] + own
+
+
+class _Reader:
+    """A worker process counting notes in order (`_read_worker`), and the thread that takes its
+    batches: `covered` notes counted so far. Its output is marshal (only the str, int, dict,
+    list and tuple a count is made of, from this code in a child of this process)."""
+
+    BATCH_BYTES_MAX = 1 << 28  # a batch of READ_BATCH notes of at most MAX_NOTE_BYTES: far less
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.results: list[tuple[Stamp, NoteCounts] | None] = []
+        self.covered = 0
+        self.thread = threading.Thread(target=self._collect, name="kiln-words-reader", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, files: list[tuple[str, str]]) -> _Reader | None:
+        try:
+            proc = subprocess.Popen(READ_WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            log.warning("counting the notes' words in one process: no worker (%s)", exc)
+            return None
+        assert proc.stdin is not None
+        try:
+            # The paths on stdin, then it stays open: the worker stops when it closes (this
+            # process done with it, or gone).
+            proc.stdin.write(json.dumps(files).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            pass  # gone already: `stop` says why
+        return cls(proc)
+
+    def _collect(self) -> None:
+        stream = self.proc.stdout
+        assert stream is not None
+        while len(head := stream.read(4)) == 4:
+            size = int.from_bytes(head, "big")
+            if size > self.BATCH_BYTES_MAX or len(body := stream.read(size)) < size:
+                break
+            try:
+                batch = marshal.loads(body)
+            except (EOFError, ValueError, TypeError):
+                break
+            if not isinstance(batch, list):
+                break
+            self.results += batch
+            self.covered = len(self.results)
+
+    def stop(self) -> list[tuple[Stamp, NoteCounts] | None]:
+        """Stop the worker; the notes it counted, from the first."""
+        proc = self.proc
+        assert proc.stdin is not None and proc.stderr is not None
+        done = self.covered
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        self.thread.join(5)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.returncode not in (0, None) and err:
+            # (stopped before the end by this process: exit 0; failed on its own: its error)
+            log.warning("the notes' words worker failed after %d notes (%s): counted here",
+                        done, err.splitlines()[-1][:200])
+        return self.results
+
+
+# A worker started by `read_early`, with the notes it was given, for `count_files` to take.
+_early: tuple[list[tuple[str, str]], _Reader] | None = None
+_early_lock = threading.Lock()
+
+
+def read_early(root: Path, collection: str) -> None:
+    """A kiln never indexed: start counting its notes' words in a worker now, for the first
+    reading (`count_files`) to take. `cru mcp` calls it before it imports the MCP SDK (~1.3 s of
+    a 10,000-note kiln's first search, which waits for the words). Only the listing is done
+    here: counting in this process too would take the GIL from those imports. A kiln with a
+    saved lexical index reads it in ~1.5 s of this process's own work: nothing to start."""
+    global _early
+    if lexical_file(root, collection).exists():
+        return
+    try:
+        files = [(rel, f"{root}/{rel}") for rel in iter_markdown(root)]
+    except (OSError, CrucibleError):
+        return  # the reading proper says why
+    if len(files) < SHARED_READ_MIN or _spare_cpus() < 1:
+        return
+    worker = _Reader.start(files)
+    if worker is not None:
+        with _early_lock:
+            _early = (files, worker)
+
+
+def _take_early(files: Sequence[tuple[str, str]]) -> _Reader | None:
+    """The worker `read_early` started, if it was given exactly these notes (else it is stopped:
+    the kiln changed meanwhile, or another was asked for)."""
+    global _early
+    with _early_lock:
+        early, _early = _early, None
+    if early is None:
+        return None
+    given, worker = early
+    if given == list(files):
+        return worker
+    worker.stop()
+    return None
+
+
+READ_BATCH = 200  # notes a worker sends at a time (~0.1 s of counting)
+
+
+def _read_worker() -> None:
+    """`python -c ...` (READ_WORKER): counts the notes named on stdin, in order, and writes them
+    to stdout in batches (a 4-byte length, then marshal), until done or stdin closes."""
+    try:
+        os.nice(10)  # behind the agent and the person's other programs, as the index worker
+    except OSError:
+        pass
+    files = json.loads(sys.stdin.readline())
+
+    def parent_watch() -> None:  # stdin closes when the parent is done with us, or gone
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=parent_watch, daemon=True).start()
+    out = sys.stdout.buffer
+    for at in range(0, len(files), READ_BATCH):
+        batch = marshal.dumps([_read_counted(path, rel, True) for rel, path in files[at:at + READ_BATCH]])
+        out.write(len(batch).to_bytes(4, "big") + batch)
+        out.flush()
+
+
 def words_problem(text: str) -> str | None:
     """What a note's problems say when it holds more distinct terms than the lexical index keeps
     of it (MAX_NOTE_TERMS: the rest are not found by its words); None for any real note. Cheap:
@@ -742,15 +954,18 @@ class LexicalIndex:
 
     def set_note(self, path: str, text: str, stamp: Stamp = (0, 0), *, deferred: bool = False) -> None:
         """Read a note into the index; `resolve_links` then brings the terms of links up to date."""
-        fields = note_fields(text, path)
-        self.titles[path] = clip_title(fields.title)
+        self._set_counted(path, stamp, note_counts(text, path, words=self.words), deferred=deferred)
+
+    def _set_counted(self, path: str, stamp: Stamp, counted: NoteCounts, *, deferred: bool = False) -> None:
+        title, counts, length, sections, link_lines = counted
+        self.titles[path] = clip_title(title)
         self.stamps[path] = stamp
         if not self.words:
             return
-        self.bm25.add_counts(path, *field_counts(fields), deferred=deferred)
-        self._set_sections(path, section_counts(fields), deferred=deferred)
+        self.bm25.add_counts(path, counts, length, deferred=deferred)
+        self._set_sections(path, sections, deferred=deferred)
         self._incoming[path] = {}  # its counts are its own words now
-        self._unlinked[path] = fields.link_lines
+        self._unlinked[path] = link_lines
 
     def _set_sections(self, path: str, sections: Sequence[tuple[dict[str, int], int]], *,
                       deferred: bool = False) -> None:
@@ -892,27 +1107,30 @@ class LexicalIndex:
         base = str(root)
         listing = list(iter_markdown(root)) if paths is None else list(paths)
         present: set[str] = set()
+        unread: list[tuple[str, str]] = []
         for rel in listing:
             try:
                 # Paths from a listing are safe; others (a watcher's) are checked like any tool's.
                 # Strings, not Paths, for the listing's: pathlib was a fifth of a first build.
                 path = f"{base}/{rel}" if paths is None else str(resolve_in_kiln(root, rel, must_exist=True))
-                st = os.stat(path)
-                stamp = (st.st_mtime_ns, st.st_size)
-                if self.stamps.get(rel) == stamp:
+                # A note never read is stat'ed by whoever reads it (on a first build, a worker).
+                if rel in self.stamps and self.stamps[rel] == _stamp(os.stat(path)):
                     present.add(rel)
                     continue
-                if st.st_size > MAX_NOTE_BYTES or not stat.S_ISREG(st.st_mode):
-                    raise NoteReadError(f"{rel}: not a readable note")
-                with open(path, "rb") as f:
-                    text = decode_note_bytes(f.read(), rel)
             except (OSError, CrucibleError):
                 if rel in self.titles:
                     self.drop_note(rel)
                     changed.append(rel)
                 continue
+            unread.append((rel, path))
+        for (rel, _), read in zip(unread, count_files(unread, words=self.words), strict=True):
+            if read is None:  # not a readable note
+                if rel in self.titles:
+                    self.drop_note(rel)
+                    changed.append(rel)
+                continue
             present.add(rel)
-            self.set_note(rel, text, stamp, deferred=deferred)
+            self._set_counted(rel, read[0], read[1], deferred=deferred)
             changed.append(rel)
         if paths is None:
             for gone in set(self.titles) - present:

@@ -4,7 +4,9 @@ text search with line numbers, property search, and bad queries."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -831,3 +833,109 @@ def test_a_stem_is_its_words_start_but_its_last_letter_save_the_irregular_ones(f
     for word in words:
         stem = lexical._stem(word.lower())
         assert word.lower().startswith(stem[:-1]) or stem in lexical._IRREGULAR_STEMS, (word, stem)
+
+
+def _shared_read_kiln(tmp_kiln: Path) -> Path:
+    """The fixture kiln with notes a first reading must get right however it is shared: links
+    between halves, names, a note that is not text, one too large to be a note."""
+    for n in range(12):
+        (tmp_kiln / f"extra-{n:02d}.md").write_text(
+            f"# Extra {n}\n\nSee [[extra-{(n + 7) % 12:02d}]] about sessionId and cap-add.\n\n## Part\n\nwords {n}\n",
+            encoding="utf-8")
+    (tmp_kiln / "zz-last.md").write_text("# Last\n\nThe last note of the listing.\n", encoding="utf-8")
+    (tmp_kiln / "binary.md").write_bytes(b"\x00\xff\xfe" * 10)
+    (tmp_kiln / "huge.md").write_text("x" * (lexical.MAX_NOTE_BYTES + 1), encoding="utf-8")
+    return tmp_kiln
+
+
+def _index_as_saved(root: Path) -> str:
+    lex, _ = lexical.load_lexical(root, "c", deferred=True)
+    lex.read_links()
+    lex.post()
+    return json.dumps(lex.to_json(), sort_keys=True)
+
+
+def test_a_first_reading_shared_with_a_worker_process_reads_what_one_process_reads(
+    tmp_kiln: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A large first reading counts the notes' words in a second process (a real one) from the
+    first note on while this one counts from the last back: the index is the same as read by
+    this process alone (counts, lengths, sections, titles, the words of links across the two
+    parts, the notes left out as unreadable). A worker that fails leaves its notes to this
+    process: the same index, and a log line that says so."""
+    root = _shared_read_kiln(tmp_kiln)
+    monkeypatch.setattr(lexical, "SHARED_READ_MIN", 10**9)
+    alone = _index_as_saved(root)
+    assert "extra-07.md" in alone and "binary.md" not in alone and "huge.md" not in alone
+
+    # This process slowed (as by `cru mcp`'s imports), so that the worker counts most notes.
+    read = lexical._read_counted
+    here: list[str] = []
+
+    def slow_read(path: str, rel: str, words: bool) -> Any:
+        here.append(rel)
+        time.sleep(0.03)
+        return read(path, rel, words)
+
+    taken: list[int] = []
+    stop = lexical._Reader.stop
+
+    def counted_stop(self: Any) -> Any:
+        results = stop(self)
+        taken.append(len(results))
+        return results
+
+    monkeypatch.setattr(lexical, "_read_counted", slow_read)
+    monkeypatch.setattr(lexical._Reader, "stop", counted_stop)
+    monkeypatch.setattr(lexical, "_spare_cpus", lambda: 1)
+    monkeypatch.setattr(lexical, "SHARED_READ_MIN", 10)
+    assert _index_as_saved(root) == alone
+    notes = len(list(root.rglob("*.md")))
+    assert taken and taken[0] > 0 and 0 < len(here) < notes  # the worker counted some, this process the others
+    assert sorted(here)[-1] == "zz-last.md"  # this process counts from the last note back
+
+    taken.clear()
+    here.clear()
+    monkeypatch.setattr(lexical, "READ_WORKER", [sys.executable, "-c", "import sys; sys.exit('no luck')"])
+    with caplog.at_level("WARNING", logger="crucible.kiln.lexical"):
+        assert _index_as_saved(root) == alone
+    assert taken == [0]
+    assert "the notes' words worker failed after 0 notes (no luck): counted here" in caplog.text
+
+
+def test_a_reading_started_early_is_taken_by_the_first_reading_unless_the_kiln_changed(
+    tmp_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cru mcp` starts a worker on a kiln never indexed before it imports the MCP SDK
+    (`read_early`); the first reading takes it, and reads what one process reads. A note added
+    in between: the early worker is stopped (its notes are not the kiln's any more) and the
+    reading is as fresh as ever. A kiln with a saved index starts nothing early."""
+    root = _shared_read_kiln(tmp_kiln)
+    monkeypatch.setattr(lexical, "SHARED_READ_MIN", 10**9)
+    alone = _index_as_saved(root)
+    monkeypatch.setattr(lexical, "_spare_cpus", lambda: 1)
+    monkeypatch.setattr(lexical, "SHARED_READ_MIN", 10)
+    taken: list[bool] = []
+    take = lexical._take_early
+
+    def counted_take(files: Any) -> Any:
+        worker = take(files)
+        taken.append(worker is not None)
+        return worker
+
+    monkeypatch.setattr(lexical, "_take_early", counted_take)
+    lexical.read_early(root, "c")
+    assert _index_as_saved(root) == alone
+    assert taken[0] is True
+
+    taken.clear()
+    lexical.read_early(root, "c")
+    (root / "late.md").write_text("# Late\n\nWritten after the early start: marmalade.\n", encoding="utf-8")
+    late = _index_as_saved(root)
+    assert taken[0] is False and "late.md" in late and "marmalad" in late
+
+    taken.clear()
+    (root / ".crucible").mkdir(exist_ok=True)
+    lexical.lexical_file(root, "c").write_text(late, encoding="utf-8")
+    lexical.read_early(root, "c")
+    assert lexical._early is None
