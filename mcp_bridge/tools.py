@@ -493,7 +493,10 @@ async def ensure_index(ctx: ToolContext) -> None:
         anyio.from_thread.run(send)
 
     await ctx.run(kiln.open_index, forward)
-    await ctx.report_progress(1, 1, f"Search index ready in {time.monotonic() - started:.1f} s")
+    if kiln.index_ready():
+        await ctx.report_progress(1, 1, f"Search index ready in {time.monotonic() - started:.1f} s")
+    else:  # it cannot be opened, and the notes' words answer: the result says why and the fix
+        await ctx.report_progress(1, 1, "The search index cannot be opened: searching by the notes' words")
 
 
 def _finite(hits: list[SearchHit]) -> list[SearchHit]:

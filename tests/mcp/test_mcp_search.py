@@ -98,10 +98,18 @@ async def test_a_store_that_cannot_be_opened_is_searched_by_words_with_its_fix(
     store.mkdir(parents=True)
     (store / "chroma.sqlite3").write_bytes(b"garbage" * 1000)
     leak = LeakCheck(tmp_path, mcp_kiln)
+    seen: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
     async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
         with trio.fail_after(120):
-            r = leak(await c.call_tool("semantic_search", {"query": "feeding the sourdough starter", "limit": 3}))
+            r = leak(await c.call_tool("semantic_search", {"query": "feeding the sourdough starter", "limit": 3},
+                                       progress_callback=on_progress))
         assert not r.is_error, texts(r)
+        # the client that shows progress is not told the index is ready
+        assert seen and seen[-1] == "The search index cannot be opened: searching by the notes' words", seen
         sc = r.structured_content
         assert sc is not None and sc["results"][0]["path"] == "Cooking/Sourdough starter.md"
         assert sc["index"]["embedded"] == 0.0 and sc["index"]["notes"] >= 30
