@@ -490,14 +490,14 @@ def _read_counted(path: str, rel: str, words: bool) -> tuple[Stamp, NoteCounts] 
             data = f.read(MAX_NOTE_BYTES + 1)
         if len(data) > MAX_NOTE_BYTES:
             raise NoteReadError(f"{rel}: not a readable note")
-        return (st.st_mtime_ns, st.st_size), note_counts(decode_note_bytes(data, rel), rel, words=words)
+        return _stamp(st), note_counts(decode_note_bytes(data, rel), rel, words=words)
     except (OSError, CrucibleError):
         return None
 
 
 # A first reading of this many notes or more shares them with a second process (a 10,000-note
 # kiln: ~5 s of a first search's wait on a 2-core machine, all of it counting words, which one
-# process does on one core). Fewer are read here: a process costs ~0.3 s to start.
+# process does on one core). Fewer are read here: a worker costs ~0.15-0.3 s to start.
 SHARED_READ_MIN = 1000
 # The worker's command: this interpreter, this code (tests replace it).
 READ_WORKER = [sys.executable, "-c", "from crucible.kiln.lexical import _read_worker; _read_worker()"]
