@@ -180,7 +180,7 @@ def search_costs(label: str, kiln: Path) -> None:
             index.close()
         return bm25, first, again
 
-    saved = kiln / ".crucible" / "lexical-kiln.json"
+    saved = kiln / ".crucible" / "lexical-kiln.idx"
     saved.unlink(missing_ok=True)
     built, first, again = first_search()  # builds the BM25 index from Chroma, saves it
     loaded, _, _ = first_search()  # loads the saved one

@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from crucible.config import Config
 from crucible.errors import CrucibleError
-from crucible.kiln.atomic import atomic_write_text, content_hash
+from crucible.kiln.atomic import atomic_write_bytes, atomic_write_text, content_hash
 from crucible.kiln.chunking import Chunk, chunk_note
 from crucible.kiln.embedder import Embedder, make_embedder
 from crucible.kiln.late_interaction import (
@@ -874,11 +874,13 @@ class KilnIndex:
         with self._lex_lock:
             if not self._lex_dirty or self._lexical is None or not self._lexical.words:
                 return  # (the index worker's stamps alone: the session saves the words)
-            data = json.dumps(self._lexical.to_json())
+            data = self._lexical.to_bytes()
             self._lex_dirty = False
         try:
             reserved_dir(self.root)
-            atomic_write_text(lexical_file(self.root, self.name), data, new_file_mode=FILE_MODE)
+            saved = lexical_file(self.root, self.name)
+            atomic_write_bytes(saved, data, new_file_mode=FILE_MODE)
+            saved.with_suffix(".json").unlink(missing_ok=True)  # the JSON an earlier Crucible saved (format 8 and before)
         except OSError as exc:  # a read-only kiln still searches; it rebuilds next time
             log.warning("could not save the lexical index: %s", exc.strerror or exc)
         except KilnPathError as exc:  # a linked .crucible: nothing written through it

@@ -46,6 +46,7 @@ import re
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from array import array
 from collections import Counter
@@ -53,7 +54,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import snowballstemmer
 
@@ -94,8 +95,8 @@ MAX_NOTE_TERMS = 50_000
 # cost millions of entries); the rest of such a note is found by the note's words.
 MAX_SECTIONS = MAX_CHUNKS
 MAX_SECTION_TERMS = 2 * MAX_NOTE_TERMS
-# The saved index read at most: ~3 MB per 1,000 notes, so some 80,000 notes. A larger file
-# (a vast kiln, or one that came with the kiln) is not parsed, which would take ten times its
+# The saved index read at most: ~2.4 MB per 1,000 notes, so some 100,000 notes. A larger file
+# (a vast kiln, or one that came with the kiln) is not read, which would take several times its
 # size in memory: the index is read from the notes again, as on a first start.
 MAX_SAVED_BYTES = 256 * 1024 * 1024
 
@@ -538,8 +539,9 @@ class _Reader:
 
     BATCH_BYTES_MAX = 1 << 28  # a batch of READ_BATCH notes of at most MAX_NOTE_BYTES: far less
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> None:
         self.proc = proc
+        self.errors = errors  # its stderr: a file, so that no amount written there can stall it
         self.results: list[tuple[Stamp, NoteCounts] | None] = []
         self.covered = 0
         self.thread = threading.Thread(target=self._collect, name="kiln-words-reader", daemon=True)
@@ -548,9 +550,15 @@ class _Reader:
     @classmethod
     def start(cls, files: list[tuple[str, str]]) -> _Reader | None:
         try:
-            proc = subprocess.Popen(READ_WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            errors = tempfile.TemporaryFile()
         except OSError as exc:
+            log.warning("counting the notes' words in one process: no worker (%s)", exc)
+            return None
+        try:
+            proc = subprocess.Popen(READ_WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=errors, start_new_session=True)
+        except OSError as exc:
+            errors.close()
             log.warning("counting the notes' words in one process: no worker (%s)", exc)
             return None
         assert proc.stdin is not None
@@ -561,7 +569,7 @@ class _Reader:
             proc.stdin.flush()
         except OSError:
             pass  # gone already: `stop` says why
-        return cls(proc)
+        return cls(proc, errors)
 
     def _collect(self) -> None:
         stream = self.proc.stdout
@@ -582,7 +590,7 @@ class _Reader:
     def stop(self) -> list[tuple[Stamp, NoteCounts] | None]:
         """Stop the worker; the notes it counted, from the first."""
         proc = self.proc
-        assert proc.stdin is not None and proc.stderr is not None
+        assert proc.stdin is not None
         done = self.covered
         try:
             proc.stdin.close()
@@ -594,7 +602,9 @@ class _Reader:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        err = proc.stderr.read().decode(errors="replace").strip()
+        with self.errors:
+            self.errors.seek(max(0, self.errors.seek(0, os.SEEK_END) - 4096))  # its last lines
+            err = self.errors.read().decode(errors="replace").strip()
         if proc.returncode not in (0, None) and err:
             # (stopped before the end by this process: exit 0; failed on its own: its error)
             log.warning("the notes' words worker failed after %d notes (%s): counted here",
@@ -612,7 +622,7 @@ def read_early(root: Path, collection: str) -> None:
     reading (`count_files`) to take. `cru mcp` calls it before it imports the MCP SDK (~1.3 s of
     a 10,000-note kiln's first search, which waits for the words). Only the listing is done
     here: counting in this process too would take the GIL from those imports. A kiln with a
-    saved lexical index reads it in ~1.5 s of this process's own work: nothing to start."""
+    saved lexical index reads it in ~0.5 s of this process's own work: nothing to start."""
     global _early
     if lexical_file(root, collection).exists():
         return
@@ -848,6 +858,63 @@ class Bm25:
         self._dead = {}
         self._norms = None
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The index as flat arrays, to save: the documents' ids (`_strings`) and lengths, the
+        terms, and each term's postings one after another (`offsets` into `docs` and `tfs`).
+        Posts what waits and drops removed documents first (`_compact`)."""
+        import numpy as np  # not at the top: see `_compact`
+
+        self.post()
+        if self._stale or len(self._ids) != len(self._number):
+            self._compact()
+        sizes = np.fromiter(map(len, self._docs), dtype=np.int64, count=len(self._docs))
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        ids = [i for i in self._ids if i is not None]
+        return {**_strings("ids", ids), **_strings("terms", self._terms),
+                "lengths": np.frombuffer(self._lengths, dtype=np.float64).astype("<i8"),
+                "offsets": offsets.astype("<i8"),
+                "docs": np.frombuffer(b"".join(self._docs), dtype=np.intc).astype("<i4"),
+                "tfs": np.frombuffer(b"".join(self._tfs), dtype=np.intc).astype("<i4")}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Bm25:
+        """The index `to_arrays` saved, every document posted (nothing left for a search to scan
+        or for `post()` to do). Raises ValueError if the arrays are not as `to_arrays` writes
+        them: a saved file is read as hostile (a kiln may come with its `.crucible`)."""
+        import numpy as np  # not at the top: see `_compact`
+
+        ids, terms = _unstrings(arrays, "ids"), _unstrings(arrays, "terms")
+        lengths, docs, tfs = (arrays[k] for k in ("lengths", "docs", "tfs"))
+        offsets = arrays["offsets"].astype(np.int64)  # (a file's bytes would wrap when scaled)
+        n, t = len(ids), len(terms)
+        if len(lengths) != n or len(offsets) != t + 1 or len(docs) != len(tfs) or offsets[0] != 0 \
+                or offsets[-1] != len(docs) or (t and np.diff(offsets).min() <= 0):
+            raise ValueError("the postings do not add up")
+        if n and not (0 <= lengths.min() and lengths.max() < MAX_COUNT * 4):
+            raise ValueError("a length out of range")
+        if len(docs) and not (0 <= docs.min() and docs.max() < n and 0 < tfs.min() and tfs.max() < MAX_COUNT):
+            raise ValueError("a posting out of range")
+        bm25 = cls()
+        bm25._number = dict(zip(ids, range(n), strict=True))
+        bm25._term = dict(zip(terms, range(t), strict=True))
+        if len(bm25._number) != n or len(bm25._term) != t:
+            raise ValueError("a document or a term twice")
+        bm25._ids, bm25._terms = list(ids), terms
+        bm25._lengths = array("d", lengths.astype(np.float64).tobytes())
+        bm25._total_len = int(lengths.sum())
+        docs, tfs = docs.astype(np.intc), tfs.astype(np.intc)
+        bm25._docs, bm25._tfs = _slices(docs, offsets), _slices(tfs, offsets)
+        # Each document's terms and counts (for `counts` and `remove`): the postings by document.
+        by_doc = np.argsort(docs, kind="stable")
+        term_of = np.repeat(np.arange(t, dtype=np.intc), np.diff(offsets))[by_doc]
+        doc_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(docs, minlength=n), out=doc_offsets[1:])
+        bm25._doc_terms = dict(enumerate(zip(_slices(term_of, doc_offsets), _slices(tfs[by_doc], doc_offsets),
+                                             strict=True)))
+        bm25._live = len(docs)
+        return bm25
+
     def _df(self, t: int) -> int:
         """How many posted documents hold term number `t`."""
         return len(self._docs[t]) - self._dead.get(t, 0)
@@ -906,15 +973,77 @@ class Bm25:
 
 
 Stamp = tuple[int, int]  # a file's (mtime_ns, size)
-_INT = frozenset({int})
 MAX_COUNT = 2**31  # a term's count in a document (a note is at most MAX_NOTE_BYTES)
 
 
-def _length(value: Any) -> int:
-    """A saved document length, checked: a float would overflow past 1e308."""
-    if not 0 <= (length := int(value)) < MAX_COUNT * 4:
-        raise ValueError("a length out of range")
-    return length
+# The saved index: a small JSON header naming flat arrays of integers, then the arrays' bytes
+# (`_pack`). A second start reads it in ~0.5 s with numpy into an index ready to search; the JSON of
+# term counts it replaced took ~3.5 s at 10,000 notes (parsing 1.3 s, the counts 0.5 s, posting them
+# 1.7 s), which a second start's first answer waited for. Integers only (no pickle, no floats):
+# every value is checked against what the index can hold before it is used.
+_MAGIC = b"crucible lexical index\n"
+_DTYPES = frozenset({"<i8", "<i4", "|u1"})
+MAX_HEADER_BYTES = 1 << 16
+
+
+def _strings(name: str, values: Sequence[str]) -> dict[str, np.ndarray]:
+    """Strings as two arrays: their UTF-8 bytes one after another, and where each ends."""
+    import numpy as np  # not at the top: see `Bm25._compact`
+
+    encoded = [v.encode("utf-8", "surrogatepass") for v in values]  # a file name need not be UTF-8
+    ends = np.fromiter(map(len, encoded), dtype="<i8", count=len(encoded)).cumsum()
+    return {name: np.frombuffer(b"".join(encoded), dtype="|u1"), f"{name}.ends": ends.astype("<i8")}
+
+
+def _unstrings(arrays: dict[str, np.ndarray], name: str) -> list[str]:
+    import numpy as np  # not at the top: see `Bm25._compact`
+
+    raw, ends = arrays[name].tobytes(), arrays[f"{name}.ends"]
+    if len(ends) and (ends[-1] != len(raw) or ends[0] < 0 or np.diff(ends).min(initial=0) < 0):
+        raise ValueError(f"the {name} do not add up")
+    at = ends.tolist()
+    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *at], at, strict=False)]
+
+
+def _slices(values: np.ndarray, offsets: np.ndarray) -> list[array[int]]:
+    """`values` (C ints) cut at `offsets`, each slice an array (as `Bm25` keeps its postings)."""
+    raw, at = values.tobytes(), (offsets * values.itemsize).tolist()
+    return [array("i", raw[a:b]) for a, b in zip(at, at[1:], strict=False)]
+
+
+def _pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    spec, parts, at = {}, [], 0
+    for name, values in arrays.items():
+        data = values.tobytes()
+        spec[name] = [values.dtype.str, at, len(data)]
+        parts.append(data)
+        at += len(data)
+    head = json.dumps({**header, "arrays": spec}).encode()
+    return _MAGIC + len(head).to_bytes(4, "little") + head + b"".join(parts)
+
+
+def _unpack(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """What `_pack` wrote; ValueError if it is not that (the arrays' values are checked by their
+    readers). The arrays are views of `data`."""
+    import numpy as np  # not at the top: see `Bm25._compact`
+
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a saved lexical index")
+    at = len(_MAGIC) + 4
+    size = int.from_bytes(data[at - 4:at], "little")
+    if size > MAX_HEADER_BYTES:
+        raise ValueError("a header too large")
+    header = load_json(data[at:at + size])
+    body = memoryview(data)[at + size:]
+    if not isinstance(header, dict) or not isinstance(spec := header.get("arrays"), dict):
+        raise ValueError("no arrays")
+    arrays = {}
+    for name, (dtype, start, length) in spec.items():
+        if dtype not in _DTYPES or type(start) is not int or type(length) is not int \
+                or not 0 <= start <= start + length <= len(body):
+            raise ValueError(f"the array {name} is out of the file")
+        arrays[name] = np.frombuffer(body[start:start + length], dtype=dtype)
+    return header, arrays
 
 
 class LexicalIndex:
@@ -924,8 +1053,8 @@ class LexicalIndex:
     section), averaged by `search`."""
 
     # 5: the words around the links to a note count as its own; 6: sections; 7: compounds;
-    # 8: camelCase names
-    FORMAT = 8
+    # 8: camelCase names; 9: saved as arrays (`to_bytes`), no longer as JSON
+    FORMAT = 9
 
     def __init__(self, *, words: bool = True) -> None:
         # False: the notes' titles and stamps alone, for a process that never searches them
@@ -946,8 +1075,10 @@ class LexicalIndex:
         # spends the time on their links.
         self._unlinked: dict[str, list[str] | LinkTerms | None] = {}
         # The notes as a load read them, with their links: put in the graph only when a note
-        # changes (a search needs no graph: the counts hold the terms of the links).
+        # changes (a search needs no graph: the counts hold the terms of the links); until then
+        # as saved, JSON not parsed yet (~0.1 s at 10,000 notes).
         self._saved_links: dict[str, Any] = {}
+        self._saved_links_json: bytes | None = None
 
     def __len__(self) -> int:
         return len(self.titles)
@@ -999,6 +1130,15 @@ class LexicalIndex:
         if not self._unlinked:
             return
         graph = self.graph
+        if self._saved_links_json is not None:
+            raw, self._saved_links_json = self._saved_links_json, None
+            try:
+                saved = load_json(raw)
+            except ValueError:
+                saved = None
+            # Not as this code saves them: every note without links (their terms leave the
+            # counts as the notes that hold the links change).
+            self._saved_links = saved if isinstance(saved, dict) else dict.fromkeys(self.titles, {})
         if self._saved_links:
             for path in self._saved_links:
                 graph.add_note(path)
@@ -1154,55 +1294,58 @@ class LexicalIndex:
         self.bm25.post()
         self.sections.post()
 
-    def to_json(self) -> dict[str, Any]:
-        """Each note's stamp, title, BM25 length and counts (the terms of the links to it in
-        them), and its own links, so that a load needs no link resolved until a note changes."""
+    def to_bytes(self) -> bytes:
+        """The index to save (`_pack`): each note's path, title and stamp, its links (so that a
+        load needs no link resolved until a note changes), and both rankings' postings as
+        `Bm25.to_arrays` gives them (the terms of the links to a note in its counts)."""
+        import numpy as np  # not at the top: see `Bm25._compact`
+
         if not self.words:
             raise ValueError("an index of the notes' stamps alone is not saved: it has no words")
         self.resolve_links()  # what was read deferred and not posted yet
-        links = self._saved_links or self.graph.links
-        return {
-            "format": self.FORMAT,
-            "notes": {
-                p: [self.stamps.get(p, (0, 0))[0], self.stamps.get(p, (0, 0))[1], t,
-                    self.bm25.length(p), self.bm25.counts(p), links.get(p, {}),
-                    [[length, counts] for counts, length in self.section_documents(p)]]
-                for p, t in self.titles.items()
-            },
-        }
+        paths = list(self.titles)
+        if self._saved_links_json is not None:  # nothing changed since the load: as it was read
+            links = self._saved_links_json
+        else:
+            resolved = self._saved_links or self.graph.links
+            links = json.dumps({p: resolved.get(p, {}) for p in paths}).encode()
+        arrays = {**_strings("paths", paths), **_strings("titles", [self.titles[p] for p in paths]),
+                  "stamps": np.array([self.stamps.get(p, (0, 0)) for p in paths], dtype="<i8").reshape(-1),
+                  "links": np.frombuffer(links, dtype="|u1")}
+        for name, bm25 in (("notes", self.bm25), ("sections", self.sections)):
+            arrays.update({f"{name}.{k}": v for k, v in bm25.to_arrays().items()})
+        return _pack({"format": self.FORMAT, "notes": len(paths)}, arrays)
 
     @classmethod
-    def from_json(cls, data: Any, *, words: bool = True) -> LexicalIndex | None:
-        """The saved index if it is well-formed and of this format, else None. Its notes are
-        searchable at once and posted by `post()` (deferred: the load is what a second start's
-        first answer waits for). `words=False`: the titles and stamps alone (see `words`)."""
-        if not isinstance(data, dict) or data.get("format") != cls.FORMAT:
-            return None
-        lex = cls(words=words)
-        if not words:
-            try:
-                for path, (mtime, size, title, *_) in data["notes"].items():
-                    lex.titles[str(path)] = str(title)
-                    lex.stamps[str(path)] = (int(mtime), int(size))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                return None
-            return lex
-
-        def terms(counts: Any) -> dict[str, int]:
-            if type(counts) is not dict or not set(map(type, counts.values())) <= _INT:  # as saved (checked in C)
-                counts = {str(t): int(n) for t, n in counts.items()}  # JSON's keys are strings
-            if counts and not 0 < min(counts.values()) <= max(counts.values()) < MAX_COUNT:
-                raise ValueError("a count out of range")  # the arrays hold 32-bit counts
-            return counts
-
+    def from_bytes(cls, data: bytes, *, words: bool = True) -> LexicalIndex | None:
+        """The saved index if it is well-formed and of this format, else None: ready to search,
+        every document posted. `words=False`: the titles and stamps alone (see `words`)."""
         try:
-            for path, (mtime, size, title, length, counts, links, sections) in data["notes"].items():
-                path = str(path)
-                lex.titles[path] = str(title)
-                lex.stamps[path] = (int(mtime), int(size))
-                lex.bm25.add_counts(path, terms(counts), _length(length), deferred=True)
-                lex._set_sections(path, [(terms(c), _length(n)) for n, c in sections[:MAX_SECTIONS]], deferred=True)  # [length, counts]
-                lex._saved_links[path] = links  # every note: a target with no links of its own too
+            header, arrays = _unpack(data)
+            if header.get("format") != cls.FORMAT:
+                return None
+            paths, titles = _unstrings(arrays, "paths"), _unstrings(arrays, "titles")
+            stamps = arrays["stamps"].tolist()
+            lex = cls(words=words)
+            lex.titles = dict(zip(paths, titles, strict=True))
+            lex.stamps = dict(zip(paths, zip(stamps[0::2], stamps[1::2], strict=True), strict=True))
+            if not len(lex.titles) == len(paths) == len(stamps) // 2:
+                raise ValueError("a note twice")
+            if not words:
+                return lex
+            lex.bm25 = Bm25.from_arrays({k.removeprefix("notes."): v for k, v in arrays.items()
+                                         if k.startswith("notes.")})
+            lex.sections = Bm25.from_arrays({k.removeprefix("sections."): v for k, v in arrays.items()
+                                             if k.startswith("sections.")})
+            if lex.bm25._number.keys() != lex.titles.keys():
+                raise ValueError("the notes ranked are not the notes")
+            for section in lex.sections._number:
+                path = lex._section_note[section] = section.rpartition("#")[0]
+                lex._section_count[path] = lex._section_count.get(path, 0) + 1
+            numbered = {f"{p}#{k}" for p, n in lex._section_count.items() for k in range(min(n, MAX_SECTIONS))}
+            if not lex._section_count.keys() <= lex.titles.keys() or numbered != lex._section_note.keys():
+                raise ValueError("the sections are not the notes'")  # each note's numbered from 0
+            lex._saved_links_json = arrays["links"].tobytes()
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return lex
@@ -1220,7 +1363,7 @@ def min_max(ranking: list[tuple[str, float]]) -> dict[str, float]:
 
 def lexical_file(root: Path, collection: str) -> Path:
     """Where a kiln's lexical index is saved (one per index collection, like the vectors)."""
-    return root / RESERVED_DIR / f"lexical-{collection}.json"
+    return root / RESERVED_DIR / f"lexical-{collection}.idx"
 
 
 def load_lexical(root: Path, collection: str, *, deferred: bool = False,
@@ -1231,10 +1374,10 @@ def load_lexical(root: Path, collection: str, *, deferred: bool = False,
     try:
         with lexical_file(root, collection).open("rb") as f:
             saved = f.read(MAX_SAVED_BYTES + 1)
-        data = load_json(saved) if len(saved) <= MAX_SAVED_BYTES else None
-    except (OSError, ValueError):
-        data = None
-    lex = LexicalIndex.from_json(data, words=words) or LexicalIndex(words=words)
+    except OSError:
+        saved = b""
+    loaded = LexicalIndex.from_bytes(saved, words=words) if len(saved) <= MAX_SAVED_BYTES else None
+    lex = loaded or LexicalIndex(words=words)
     changed = bool(lex.refresh(root, deferred=deferred))
     if not deferred:
         lex.bm25.post()  # what the load left unposted

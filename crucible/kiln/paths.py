@@ -50,7 +50,7 @@ def reserved_dir(root: Path) -> Path:
 # What Crucible writes in `.crucible` is rebuilt from the notes: a kiln kept in git (as many
 # vaults are) must not commit a vector store of its notes' text. The cards there are not listed.
 _GITIGNORE_HEAD = "# Written by Crucible: its index of this kiln, rebuilt from the notes (cards in agents/ are yours).\n"
-_GITIGNORE = (_GITIGNORE_HEAD + ".gitignore\nchroma/\nlexical-*.json\nproperties.json\nindex.lock\n"
+_GITIGNORE = (_GITIGNORE_HEAD + ".gitignore\nchroma/\nlexical-*.idx\nlexical-*.json\nproperties.json\nindex.lock\n"
               "index-build.json\ntokens-*.sqlite*\n")
 
 

@@ -348,7 +348,7 @@ def test_the_index_worker_reads_the_notes_stamps_alone_and_leaves_the_saved_word
     saved_before = LexicalIndex()
     saved_before.refresh(tiny_kiln)
     (tiny_kiln / ".crucible").mkdir(exist_ok=True)
-    lexical_file(tiny_kiln, "kiln").write_text(json.dumps(saved_before.to_json()))
+    lexical_file(tiny_kiln, "kiln").write_bytes(saved_before.to_bytes())
     saved_bytes = lexical_file(tiny_kiln, "kiln").read_bytes()
     with (tiny_kiln / "Links.md").open("a") as f:
         f.write("\nA xylophone recipe for [[Garden/Compost|the quokka heap]].\n")

@@ -32,7 +32,7 @@ def test_index_then_search_finds_the_paraphrased_note(
     }]
     assert "index: scanned 33/33 notes" in done.stderr  # plain progress lines: not a terminal
     assert str(tmp_kiln) not in done.stdout + done.stderr
-    assert (tmp_kiln / ".crucible" / "lexical-kiln.json").is_file()  # ready for the first search
+    assert (tmp_kiln / ".crucible" / "lexical-kiln.idx").is_file()  # ready for the first search
 
     for pair in QUERIES[:3]:
         found = cru(cru_bin, clean_env, "kiln", "search", "--kiln", str(tmp_kiln), "--json", pair["query"])

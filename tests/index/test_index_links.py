@@ -4,7 +4,6 @@ renamed, and through a save and a load."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -211,7 +210,7 @@ def test_changing_notes_one_at_a_time_gives_the_index_built_at_once(
     for ops in batches:
         apply([live], ops)
     assert state(live) == at_once()
-    loaded = LexicalIndex.from_json(json.loads(json.dumps(live.to_json())))
+    loaded = LexicalIndex.from_bytes(live.to_bytes())
     assert loaded is not None and state(loaded) == state(live)
     apply([live, loaded], after_load)  # a load goes on from there as the live index does
     assert state(live) == state(loaded) == at_once()

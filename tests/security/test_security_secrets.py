@@ -232,7 +232,7 @@ def test_the_kilns_index_folder_is_private(cru_bin: str, clean_env: dict[str, st
             assert _mode(reserved) == FOLDER_MODE
             # why: the diary's words are in there
             assert any(b"4521" in p.read_bytes() for p in reserved.rglob("*") if p.is_file())
-            assert _mode(reserved / "lexical-kiln.json") == FILE_MODE  # the words: private in itself too
+            assert _mode(reserved / "lexical-kiln.idx") == FILE_MODE  # the words: private in itself too
             assert _mode(reserved / "index.lock") == FILE_MODE
             reserved.chmod(0o755)  # as an older version left it
             (root / "Private" / "Diary.md").write_text("# Diary\n\nThe safe's code is 4521. Changed.\n")

@@ -20,6 +20,7 @@ from ruamel.yaml import YAML
 
 from crucible.bounded_load import BoundedLoadError, load_json, load_toml, load_yaml
 from crucible.cards import CardError, load_cards, parse_card
+from crucible.kiln.lexical import _MAGIC
 from crucible.kiln.notes import parse_note
 
 # -- the loader ---------------------------------------------------------------------------------
@@ -105,14 +106,17 @@ async def test_read_metadata_of_a_planted_bomb_answers_at_once(cru_bin: str, cle
 async def test_a_kiln_that_came_with_deep_json_in_its_crucible_folder_is_searched(
     cru_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """A kiln is not trusted: one cloned with a `.crucible` folder whose saved words, properties
-    and build status are 200,000 nested brackets. Each is read as a damaged file (built again
-    from the notes), not as a RecursionError that failed every search."""
+    """A kiln is not trusted: one cloned with a `.crucible` folder whose properties and build
+    status are 200,000 nested brackets, and whose saved words' JSON header is 60,000. Each is
+    read as a damaged file (built again from the notes), not as a RecursionError that failed
+    every search."""
     kiln = tmp_path / "kiln"
     (kiln / ".crucible").mkdir(parents=True)
     (kiln / "Garden.md").write_text("---\nstatus: growing\n---\n# Garden\n\nTomatoes and basil by the fence.\n")
-    for name in ("lexical-kiln.json", "properties.json", "index-build.json"):
+    for name in ("properties.json", "index-build.json"):
         (kiln / ".crucible" / name).write_text("[" * 200_000)
+    deep = b"[" * 60_000  # the saved words' header (JSON, naming its arrays)
+    (kiln / ".crucible" / "lexical-kiln.idx").write_bytes(_MAGIC + len(deep).to_bytes(4, "little") + deep)
     (kiln / ".crucible" / "index.lock").touch()  # so the build status is read
     params = StdioServerParameters(command=cru_bin, args=["mcp", "--kiln", str(kiln)], env=clean_env)
     async with Client(params) as client:
