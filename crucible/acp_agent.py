@@ -691,9 +691,15 @@ class AcpAgentServer:
         if state.phase == "failed":
             if proxy.index_told != "failed":
                 proxy.index_told = "failed"
-                text = (f"⚠ Crucible: the kiln's index cannot be used ({backend.redact(state.problem or '')}); "
-                        "searching the kiln matches words only. `cru kiln index` says how to mend it, "
-                        "and this session takes the mended index")
+                problem = backend.redact(state.problem or "")
+                if 0 < state.embedded < 1:  # the build stopped midway: what it embedded is searched by meaning
+                    text = (f"⚠ Crucible: indexing the kiln stopped at {int(state.embedded * 100)}% ({problem}); "
+                            "searching the kiln matches the notes embedded so far by meaning too, the others "
+                            "by words only. `cru kiln index` embeds the rest")
+                else:
+                    text = (f"⚠ Crucible: the kiln's index cannot be used ({problem}); "
+                            "searching the kiln matches words only. `cru kiln index` says how to mend it, "
+                            "and this session takes the mended index")
         elif proxy.index_told == "":
             left = round((1.0 - state.embedded) * state.notes)
             if state.phase in ("embedding", "waiting") and left >= INDEX_NOTICE_NOTES:

@@ -328,6 +328,8 @@ class CrucibleKilnBackend:
             # The search caught up with other processes' writes: the share as of it, without reading
             # the store's generation a second time (~0.5 ms of a ~8 ms search)
             share = self._share(follow=False)
+            if (state := background.state()).phase == "failed" and state.problem:  # a build that stopped midway
+                share.stopped = self.redact(state.problem)
             if not by_meaning and share.embedded > 0:
                 background.load_query_embedder(after=MODEL_LOAD_DELAY)
             return RankedResults(results=hits, index=share)

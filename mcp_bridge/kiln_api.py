@@ -111,12 +111,16 @@ class IndexShare(_Model):
     notes: int = Field(description="notes in the kiln")
     problem: str | None = Field(default=None, description="why the kiln's index cannot be searched by meaning "
                                                          "now, and its fix (absent when it can)")
+    stopped: str | None = Field(default=None, description="why the index's build stopped before every note was "
+                                                         "embedded (the embedded ones are searched by meaning, the "
+                                                         "rest by their words); absent while it builds or is done")
 
     @model_serializer(mode="wrap")
     def _without_no_problem(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("problem") is None:
-            data.pop("problem", None)  # {"embedded", "notes"} as before, on every usable index
+        for key in ("problem", "stopped"):
+            if data.get(key) is None:
+                data.pop(key, None)  # {"embedded", "notes"} as before, on every usable index
         return data
 
 
@@ -145,6 +149,10 @@ class RankedResults(SearchResults):
                     "Until then these notes were matched by their words only.")
         if self.index.embedded >= 1.0:
             return None
+        if self.index.stopped is not None:
+            return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded; the "
+                    f"index's build stopped ({self.index.stopped}): the others were matched by their words "
+                    "only (`cru kiln index` embeds them).")
         return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded so "
                 "far; the others were matched by their words only (the index builds in the background).")
 

@@ -452,9 +452,17 @@ class BackgroundIndex:
             self._model_tried.set()
 
     def _fail(self, exc: CrucibleError) -> None:
-        if self._index is None:
+        if self._index is None:  # no store open: nothing is searched by meaning
             self._error = exc
-        self._set(phase="failed", problem=exc.message, force=True)
+            self._set(phase="failed", problem=exc.message, embedded=0.0, force=True)
+        else:  # a build that stopped midway: what it wrote is searched, `embedded` says how much
+            try:
+                # All the worker wrote (killed, it said nothing of its last writes), as searches see it
+                self._index.follow_store(writer_killed=self.mode == "process")
+                embedded = self.share()[0]
+            except Exception:  # (what broke the build may break this read too: the progress's share)
+                embedded = self.state().embedded
+            self._set(phase="failed", problem=exc.message, embedded=embedded, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
         pid = (status or {}).get("pid")

@@ -431,9 +431,13 @@ class KilnIndex:
 
     # -- following other processes -------------------------------------------------------------
 
-    def follow_store(self) -> None:
+    def follow_store(self, *, writer_killed: bool = False) -> None:
         """Catch up with another process's update (`cru kiln index` beside a session): the
-        store's generation says whether one happened. Cheap when none did (one read)."""
+        store's generation says whether one happened. Cheap when none did (one read).
+        `writer_killed`: the writer stopped without a last generation (the index worker killed
+        midway): read the store again all the same, for what it wrote since its last one."""
+        if writer_killed:
+            self._seen_generation = None
         try:
             generation = self.chroma.generation()
         except StaleViewError:

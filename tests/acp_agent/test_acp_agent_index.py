@@ -7,6 +7,7 @@ the build (in its real worker process) waits until the test lets it go on."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 from acp.schema import InitializeResponse, TextContentBlock
 from acp_agent_driver import AcpSetup, Editor, drive, pids_with
 from gated_embedder import GatedEmbedder
+
+from crucible.kiln.index import group_notes
 
 NOTES = 200
 INDEXING = ("Crucible: the kiln's 200 notes are being indexed in the background (0% done); until then "
@@ -39,12 +42,25 @@ def text(prompt: str) -> list[TextContentBlock]:
     return [TextContentBlock(type="text", text=prompt)]
 
 
+def use_embedder(setup: AcpSetup, embedder: GatedEmbedder) -> None:
+    config = Path(setup.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(embedder.config_toml())
+
+
+async def poll_until(conn: Any, editor: Editor, sid: str, said: str, seconds: float = 60) -> None:
+    """Prompt the session (each turn's start looks at the index) until the editor was told `said`."""
+    deadline = time.monotonic() + seconds
+    while said not in editor.text(sid):
+        assert time.monotonic() < deadline, editor.text(sid)
+        await conn.prompt(session_id=sid, prompt=text("poll"))
+        await asyncio.sleep(0.2)
+
+
 def test_the_editor_is_told_once_that_the_kiln_is_indexed_and_once_that_it_is_ready(big: AcpSetup) -> None:
     editor = Editor()
     with GatedEmbedder() as embedder:
-        config = Path(big.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(embedder.config_toml())
+        use_embedder(big, embedder)
 
         async def body(conn: Any, init: InitializeResponse) -> str:
             new = await conn.new_session(cwd=str(big.work), mcp_servers=[])
@@ -76,6 +92,40 @@ def test_the_editor_is_told_once_that_the_kiln_is_indexed_and_once_that_it_is_re
     assert said.endswith(READY + f"echo: poll {said.count('echo: poll')}" + "echo: after"), said
 
 
+def test_the_editor_is_told_how_far_indexing_got_when_it_stops_midway(big: AcpSetup) -> None:
+    """The embedder fails once every group of notes but the last is embedded: what was embedded
+    is searched by meaning, so the editor is told where indexing stopped and why, not that the
+    index cannot be used."""
+    size = group_notes(NOTES)
+    requests = [-(-min(size, NOTES - at) // 32) for at in range(0, NOTES, size)]  # per group (one chunk a note)
+    editor = Editor()
+    with GatedEmbedder() as embedder:
+        use_embedder(big, embedder)
+
+        async def body(conn: Any, init: InitializeResponse) -> str:
+            sid = str((await conn.new_session(cwd=str(big.work), mcp_servers=[])).session_id)
+            assert await asyncio.to_thread(embedder.requested.wait, 60)
+            embedder.allow(sum(requests[:-1]))
+            deadline = time.monotonic() + 60
+            while embedder.answered < sum(requests[:-1]):
+                assert time.monotonic() < deadline, embedder.answered
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(3)  # those groups written (the last one's request held meanwhile)
+            embedder.fail(500, '{"error": "model gated is not loaded"}')
+            await poll_until(conn, editor, sid, "stopped at")
+            return sid
+
+        with open(big.stderr_path, "ab") as err:
+            sid, code = asyncio.run(drive(big.argv(), big.env, editor, err.fileno(), body, body_seconds=240))
+    assert code == 0, big.stderr()[-3000:]
+    said = editor.text(sid)
+    stopped = re.search(r"⚠ Crucible: indexing the kiln stopped at (\d+)% \(the openai embedder at \S+ answered HTTP 500.*?\); "
+                        r"searching the kiln matches the notes embedded so far by meaning too, the others by "
+                        r"words only\. `cru kiln index` embeds the rest", said)
+    assert stopped is not None and 0 < int(stopped.group(1)) < 100, said
+    assert said.count("stopped at") == 1 and "cannot be used" not in said, said
+
+
 def test_the_editor_is_told_when_the_index_cannot_be_opened_and_when_it_is_mended(big: AcpSetup) -> None:
     store = big.kiln / ".crucible" / "chroma"
     store.mkdir(parents=True)
@@ -83,27 +133,17 @@ def test_the_editor_is_told_when_the_index_cannot_be_opened_and_when_it_is_mende
     editor = Editor()
     with GatedEmbedder() as embedder:
         embedder.open()
-        config = Path(big.env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(embedder.config_toml())
+        use_embedder(big, embedder)
 
         async def body(conn: Any, init: InitializeResponse) -> str:
             sid = str((await conn.new_session(cwd=str(big.work), mcp_servers=[])).session_id)
-            deadline = time.monotonic() + 60
-            while "index cannot be used" not in editor.text(sid):  # the opening fails within seconds
-                assert time.monotonic() < deadline, editor.text(sid)
-                await conn.prompt(session_id=sid, prompt=text("poll"))
-                await asyncio.sleep(0.2)
+            await poll_until(conn, editor, sid, "index cannot be used")  # the opening fails within seconds
             # The fix, in another terminal while the session serves.
             fixed = await asyncio.to_thread(
                 subprocess.run, [big.cru, "kiln", "index", "--rebuild", "--kiln", str(big.kiln)],
                 env=big.env, capture_output=True, text=True, timeout=240)
             assert fixed.returncode == 0, fixed.stderr
-            deadline = time.monotonic() + 60
-            while READY not in editor.text(sid):
-                assert time.monotonic() < deadline, editor.text(sid)
-                await conn.prompt(session_id=sid, prompt=text("poll"))
-                await asyncio.sleep(0.2)
+            await poll_until(conn, editor, sid, READY)
             return sid
 
         with open(big.stderr_path, "ab") as err:

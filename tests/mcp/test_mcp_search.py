@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 from pathlib import Path
 
 import mcp_types as types
 import pytest
 import trio
 from conftest import LeakCheck, stdio_client, texts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
+from gated_embedder import GatedEmbedder  # noqa: E402
 
 HIT_KEYS = {"path", "title", "score", "heading", "snippet"}
 
@@ -86,6 +92,59 @@ async def test_searches_on_the_real_index(cru_bin: str, mcp_kiln: Path, cru_env:
         assert r.structured_content is not None
         index = r.structured_content["index"]
         assert index["opened"] is True and index["notes"] >= 30 and index["chunks"] > index["notes"]
+    leak.check()
+
+
+def _index_worker_pids(kiln: Path) -> list[int]:
+    """The pids of the index workers (`python -m crucible.kiln.builder --kiln KILN`) on `kiln`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"crucible.kiln.builder" in argv and str(kiln).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
+        cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
+    """The index worker killed (kill -9, as the OOM killer does) once some notes are embedded:
+    `semantic_search` searches those by meaning and the rest by words, and says where the build
+    stopped and why (not that the index builds in the background, nor that it cannot be used)."""
+    query = "feeding the sourdough starter"
+    leak = LeakCheck(tmp_path, mcp_kiln)
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml(batch_size=4))
+        async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
+            with trio.fail_after(120):
+                while True:  # one request at a time until some notes are embedded
+                    embedder.allow(1)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                    sc = r.structured_content
+                    assert sc is not None and "stopped" not in sc["index"], sc
+                    if sc["index"]["embedded"] > 0:
+                        break
+                    await trio.sleep(0.3)
+            workers = _index_worker_pids(mcp_kiln)
+            assert len(workers) == 1, workers
+            os.kill(workers[0], signal.SIGKILL)
+            with trio.fail_after(60):
+                while "stopped" not in (sc := r.structured_content or {})["index"]:
+                    await trio.sleep(0.3)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert not r.is_error and sc["results"], texts(r)
+        index = sc["index"]
+        assert 0 < index["embedded"] < 1 and "problem" not in index, index
+        assert index["stopped"].startswith("the indexing worker stopped"), index
+        assert sc["notice"] == (f"Index: {index['embedded']:.0%} of the kiln's {index['notes']} notes are embedded; "
+                                f"the index's build stopped ({index['stopped']}): the others were matched by their "
+                                "words only (`cru kiln index` embeds them).")
+        assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
     leak.check()
 
 

@@ -73,6 +73,19 @@ def shows_within(screen: Screen, pred: object, seconds: float) -> bool:
     return True
 
 
+def embed_some(screen: Screen, embedder: GatedEmbedder) -> int:
+    """Let the build embed one group of notes at a time until the bar shows some embedded;
+    the percent shown."""
+    assert embedder.requested.wait(60)
+    for _ in range(GROUPS):
+        embedder.allow(PER_GROUP)
+        if shows_within(screen, lambda: (percent(screen) or 0) > 0, 5):
+            break
+    shown = percent(screen)
+    assert shown is not None and 0 < shown < 100, status(screen)
+    return shown
+
+
 def leave(screen: Screen) -> None:
     screen.send(CTRL_D)
     assert screen.wait_exit() == 0
@@ -83,14 +96,8 @@ def test_the_status_bar_shows_the_index_build_then_not(tui: TuiRunner, embedder:
     screen = tui.open(None, cols=120)
     # Nothing embedded: the build waits on the embedder, the bar says how far it is.
     screen.wait_for(lambda _s: percent(screen) == 0 and "ready" in status(screen), timeout=60)
-    assert embedder.requested.wait(60)
     # One group of notes at a time: the share goes up, and the chat answers meanwhile.
-    for _ in range(GROUPS):
-        embedder.allow(PER_GROUP)
-        if shows_within(screen, lambda: (percent(screen) or 0) > 0, 5):
-            break
-    shown = percent(screen)
-    assert shown is not None and 0 < shown < 100, status(screen)
+    embed_some(screen, embedder)
     screen.type_line("hello")
     screen.wait_for("echo: hello")
     assert percent(screen) is not None and embedder.answered < REQUESTS  # still building
@@ -107,6 +114,19 @@ def test_a_failed_index_shows_a_short_reason(tui: TuiRunner, embedder: GatedEmbe
     reason = bar.split("index failed: ", 1)[1].strip()
     assert reason.startswith("the openai embedder answered HTTP 500"), bar
     assert "http://" not in reason and len(reason) <= 60, bar
+    leave(screen)
+
+
+def test_a_build_that_stops_midway_shows_how_far_it_got_and_why(tui: TuiRunner, embedder: GatedEmbedder) -> None:
+    """The embedder fails after some notes are embedded: those are searched by meaning, so the
+    bar says where indexing stopped and why, not that the index failed as a whole."""
+    screen = tui.open(None, cols=120)
+    shown = embed_some(screen, embedder)
+    embedder.fail(500, '{"error": "model gated is not loaded"}')
+    bar = screen.wait_for(lambda _s: "indexing stopped at" in status(screen), timeout=120).splitlines()[-1]
+    stopped = re.search(r"indexing stopped at (\d+)%: the openai embedder answered HTTP 500", bar)
+    assert stopped is not None and shown <= int(stopped.group(1)) < 100, bar
+    assert "index failed" not in bar
     leave(screen)
 
 
