@@ -369,10 +369,12 @@ class BackgroundIndex:
             self._error = None
             self._opened.set()
             index.save_lexical()  # after: the first search need not wait for it
-            if self._build():
+            if self._build_or_stop():
                 self._warm_properties()
-                while self._follow_others() and self._build():
-                    pass  # another process's update stopped before its end: this one finished it
+            # Until closed: others' updates shown as they run; one that stopped before its end
+            # (or this one's, stopped midway) is finished here.
+            while self._follow_others():
+                self._build_or_stop()
             if self._stop.is_set():
                 self._set(phase="stopped", force=True)
         except CrucibleError as exc:
@@ -471,6 +473,16 @@ class BackgroundIndex:
                   embedded=_status_share(status, self._state.embedded))
         return not self._stop.is_set()
 
+    def _build_or_stop(self) -> bool:
+        """`_build`; one that stops midway (its worker killed, the embedder failing) is shown
+        (`_fail`: what it embedded is searched), and `cru kiln index` in another terminal, or
+        the next update another process leaves incomplete, takes it on (`_follow_others`)."""
+        try:
+            return self._build()
+        except CrucibleError as exc:
+            self._fail(exc)
+            return False
+
     def _build(self) -> bool:
         """Embed what is missing; then `ready`, unless closed meanwhile (False)."""
         share, notes = self.share()
@@ -491,7 +503,8 @@ class BackgroundIndex:
         the lock at start, and the share it left when it is done. True when it left the index
         incomplete (stopped by Ctrl-C or a kill -9): this session builds the rest. An update
         too small to show is finished too when it left less embedded than before it (a
-        `--rebuild` of a small kiln stopped midway)."""
+        `--rebuild` of a small kiln stopped midway). This session's build stopped midway
+        (`_build_or_stop`) is ready once another process embedded the rest."""
         busy = shown = False
         before = 1.0  # the share embedded when the other's update began
         while not self._stop.wait(FOLLOW_EVERY):
@@ -517,6 +530,12 @@ class BackgroundIndex:
                     if shown or self._state.phase != "ready":
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
                     shown = False
+                elif self._state.phase == "failed" and not self._search_broke:
+                    # Stopped midway: finished since by an update too quick to be seen running
+                    self._index.follow_store()
+                    share, notes = self.share()
+                    if share >= 1.0:
+                        self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
             except Exception as exc:  # a look that failed says nothing of the index: look again
                 log.debug("following other processes' updates failed: %s", exc)
         return False

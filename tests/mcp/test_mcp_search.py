@@ -112,7 +112,8 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
         cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
     """The index worker killed (kill -9, as the OOM killer does) once some notes are embedded:
     `semantic_search` searches those by meaning and the rest by words, and says where the build
-    stopped and why (not that the index builds in the background, nor that it cannot be used)."""
+    stopped and why (not that the index builds in the background, nor that it cannot be used).
+    `cru kiln index` in another terminal then embeds the rest, and the session takes it on."""
     query = "feeding the sourdough starter"
     leak = LeakCheck(tmp_path, mcp_kiln)
     with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
@@ -137,14 +138,24 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
                 while "stopped" not in (sc := r.structured_content or {})["index"]:
                     await trio.sleep(0.3)
                     r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-        assert not r.is_error and sc["results"], texts(r)
-        index = sc["index"]
-        assert 0 < index["embedded"] < 1 and "problem" not in index, index
-        assert index["stopped"].startswith("the indexing worker stopped"), index
-        assert sc["notice"] == (f"Index: {index['embedded']:.0%} of the kiln's {index['notes']} notes are embedded; "
-                                f"the index's build stopped ({index['stopped']}): the others were matched by their "
-                                "words only (`cru kiln index` embeds them).")
-        assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
+            assert not r.is_error and sc["results"], texts(r)
+            index = sc["index"]
+            assert 0 < index["embedded"] < 1 and "problem" not in index, index
+            assert index["stopped"].startswith("the indexing worker stopped"), index
+            assert sc["notice"] == (f"Index: {index['embedded']:.0%} of the kiln's {index['notes']} notes are "
+                                    f"embedded; the index's build stopped ({index['stopped']}): the others were "
+                                    "matched by their words only (`cru kiln index` embeds them).")
+            assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
+            # The rest embedded by `cru kiln index` in another terminal: the session takes it on.
+            embedder.open()
+            done = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(mcp_kiln)],
+                                          env=cru_env, capture_stdout=True, capture_stderr=True)
+            assert done.returncode == 0, done.stderr
+            with trio.fail_after(60):
+                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": index["notes"]}:
+                    await trio.sleep(0.3)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md", sc
     leak.check()
 
 
