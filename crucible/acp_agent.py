@@ -692,7 +692,7 @@ class AcpAgentServer:
             if proxy.index_told != "failed":
                 proxy.index_told = "failed"
                 problem = backend.redact(state.problem or "")
-                if 0 < state.embedded < 1:  # the build stopped midway: what it embedded is searched by meaning
+                if state.stopped_midway:
                     text = (f"⚠ Crucible: indexing the kiln stopped at {int(state.embedded * 100)}% ({problem}); "
                             "searching the kiln matches the notes embedded so far by meaning too, the others "
                             "by words only. `cru kiln index` embeds the rest")

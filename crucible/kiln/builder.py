@@ -89,6 +89,12 @@ class IndexState:
     def searchable(self) -> bool:
         return self.phase in ("waiting", "embedding", "ready", "stopped")
 
+    @property
+    def stopped_midway(self) -> bool:
+        """A build that failed after embedding some notes: those are searched by meaning (a
+        store that cannot be opened fails with 0, see `BackgroundIndex._fail`)."""
+        return self.phase == "failed" and 0 < self.embedded < 1
+
 
 StateFn = Callable[[IndexState], None]
 

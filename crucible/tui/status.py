@@ -101,7 +101,7 @@ class StatusBar:
             problem = re.sub(r" at https?://\S+", "", sanitize(state.problem or "see cru kiln info"))
             if len(problem) > INDEX_PROBLEM_CHARS:
                 problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
-            if 0 < state.embedded < 1:  # a build that stopped midway: what it embedded is searched
+            if state.stopped_midway:
                 return f"indexing stopped at {int(state.embedded * 100)}%: {problem}"
             return f"index failed: {problem}"
         if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
