@@ -691,15 +691,7 @@ class AcpAgentServer:
         if state.phase == "failed":
             if proxy.index_told != "failed":
                 proxy.index_told = "failed"
-                problem = backend.redact(state.problem or "")
-                if state.stopped_midway:
-                    text = (f"⚠ Crucible: indexing the kiln stopped at {int(state.embedded * 100)}% ({problem}); "
-                            "searching the kiln matches the notes embedded so far by meaning too, the others "
-                            "by words only. `cru kiln index` embeds the rest")
-                else:
-                    text = (f"⚠ Crucible: the kiln's index cannot be used ({problem}); "
-                            "searching the kiln matches words only. `cru kiln index` says how to mend it, "
-                            "and this session takes the mended index")
+                text = "⚠ Crucible: " + state.failure_text(backend.redact(state.problem or ""))
         elif proxy.index_told == "":
             left = round((1.0 - state.embedded) * state.notes)
             if state.phase in ("embedding", "waiting") and left >= INDEX_NOTICE_NOTES:

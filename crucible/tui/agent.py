@@ -149,7 +149,7 @@ class AgentLoop:
                 async with open_session(ui.opts, host) as session:
                     ui.session = session
                     if session.bridge is not None:  # `indexing 34%` in the status bar while it builds
-                        ui.status.follow_index(session.bridge.backend, ui.refresh_from_thread)
+                        ui.status.follow_index(session.bridge.backend, ui.index_changed_from_thread)
                     self.last_session_id = session.id
                     ui.agent_alive = True
                     pipeline = Pipeline(session, [ui.feed])

@@ -109,14 +109,21 @@ class ChatUI:
         """Output changed: a paced redraw."""
         self.pacer.request()
 
-    def refresh_from_thread(self) -> None:
-        """A paced redraw asked from another thread (the kiln's indexing thread): handed to trio."""
+    def index_changed_from_thread(self) -> None:
+        """The kiln's index changed (from its indexing thread): the bar is drawn again, and a
+        failed build is said in the chat once, with its whole reason."""
         token = self.token
         if token is not None:
             try:
-                token.run_sync_soon(self.refresh)
+                token.run_sync_soon(self.index_changed)
             except trio.RunFinishedError:
                 pass
+
+    def index_changed(self) -> None:
+        text = self.status.index_failure_notice()
+        if text is not None:
+            self.notice(f"warning: {text}")
+        self.refresh()
 
     def refresh_now(self) -> None:
         # The keys go to what asks: a question first, then the /sessions picker, else the input box.

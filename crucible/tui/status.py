@@ -47,6 +47,7 @@ class StatusBar:
         self.turns = 0
         self.turn_started_at: float | None = None  # while a turn runs
         self._index_backend: Any = None  # the kiln backend whose index the bar shows
+        self._index_failure_told = False  # the failure the index is in was said in the chat
 
     # -- what changes it ----------------------------------------------------------------
     def set_flash(self, text: str, seconds: float) -> None:
@@ -89,6 +90,17 @@ class StatusBar:
             return
         self._index_backend = backend
         backend.on_index_state(lambda _state: wake())
+
+    def index_failure_notice(self) -> str | None:
+        """Once each time the index's build fails: the whole reason and what it means for
+        searching, for the chat (the bar has room for a short reason only)."""
+        if self._index_backend is None:
+            return None
+        state = self._index_backend.index_state()
+        told, self._index_failure_told = self._index_failure_told, state.phase == "failed"
+        if state.phase != "failed" or told:
+            return None
+        return str(state.failure_text(sanitize(self._index_backend.redact(state.problem or "see cru kiln info"))))
 
     def index_text(self) -> str | None:
         """`indexing 34%` while the kiln's notes are being embedded, `index failed: why`, or

@@ -86,6 +86,17 @@ def embed_some(screen: Screen, embedder: GatedEmbedder) -> int:
     return shown
 
 
+def said_once(screen: Screen, notice: re.Pattern[str]) -> str:
+    """The chat shows `notice` (wrapped over rows as it may be) once, and still once after the
+    build's state has had time to change again; the screen read as one paragraph."""
+    screen.wait_for(notice, timeout=60)
+    shows_within(screen, lambda: False, 2)  # the state sent again (a late progress) says nothing more
+    told = screen.unwrapped()
+    said = told.count("warning: the kiln's index") + told.count("warning: indexing the kiln")
+    assert len(notice.findall(told)) == 1 and said == 1, told
+    return told
+
+
 def leave(screen: Screen) -> None:
     screen.send(CTRL_D)
     assert screen.wait_exit() == 0
@@ -114,6 +125,12 @@ def test_a_failed_index_shows_a_short_reason(tui: TuiRunner, embedder: GatedEmbe
     reason = bar.split("index failed: ", 1)[1].strip()
     assert reason.startswith("the openai embedder answered HTTP 500"), bar
     assert "http://" not in reason and len(reason) <= 60, bar
+    # The chat says it once, whole: the reason the bar cuts, and what searching does meanwhile.
+    told = said_once(screen, re.compile(
+        r"warning: the kiln's index cannot be used \(the openai embedder at http://127\.0\.0\.1:\d+\S* answered "
+        r"HTTP 500[^)]*model gated is not loaded[^)]*\); searching the kiln matches words only\. "
+        r"`cru kiln index` says how to mend it"))
+    assert "indexing the kiln stopped" not in told
     leave(screen)
 
 
@@ -127,6 +144,11 @@ def test_a_build_that_stops_midway_shows_how_far_it_got_and_why(tui: TuiRunner, 
     stopped = re.search(r"indexing stopped at (\d+)%: the openai embedder answered HTTP 500", bar)
     assert stopped is not None and shown <= int(stopped.group(1)) < 100, bar
     assert "index failed" not in bar
+    told = said_once(screen, re.compile(
+        r"warning: indexing the kiln stopped at (\d+)% \(the openai embedder at http://127\.0\.0\.1:\d+\S* answered "
+        r"HTTP 500[^)]*model gated is not loaded[^)]*\); searching the kiln matches the notes embedded so far by "
+        r"meaning too, the others by words only\. `cru kiln index` embeds the rest"))
+    assert "cannot be used" not in told
     leave(screen)
 
 
