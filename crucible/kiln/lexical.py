@@ -910,6 +910,13 @@ class Bm25:
         term_of = np.repeat(np.arange(t, dtype=np.intc), np.diff(offsets))[by_doc]
         doc_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(docs, minlength=n), out=doc_offsets[1:])
+        # The postings are by term and the sort stable: a document's terms come in rising order,
+        # and one posted twice for a term (a count, a `remove`, going wrong) shows as a repeat.
+        repeats = term_of[1:] <= term_of[:-1]
+        starts = doc_offsets[1:-1]
+        repeats[starts[(starts > 0) & (starts < len(docs))] - 1] = False  # each document's first
+        if repeats.any():
+            raise ValueError("a document posted twice for a term")
         bm25._doc_terms = dict(enumerate(zip(_slices(term_of, doc_offsets), _slices(tfs[by_doc], doc_offsets),
                                              strict=True)))
         bm25._live = len(docs)

@@ -516,7 +516,7 @@ def test_a_loaded_lexical_index_ranks_as_the_index_it_was_saved_from(tiny_kiln: 
     """A saved index, read back, ranks as the index it was saved from (the same scores) with
     nothing left to post; a saved file whose numbers are past what the index holds (a count of
     0 or below, a length past a 64-bit integer's reach, a posting of a document that is not
-    there, postings that do not add up, a section of no note) is no index (it is read from the
+    there, postings that do not add up, a note posted twice for a term, a section of no note) is no index (it is read from the
     notes again), rather than a crash or a wrong answer."""
     built = LexicalIndex()
     built.refresh(tiny_kiln)
@@ -541,6 +541,12 @@ def test_a_loaded_lexical_index_ranks_as_the_index_it_was_saved_from(tiny_kiln: 
                        ("sections.ids", lambda a: a.__setitem__(0, ord("#"))),
                        ("paths.ends", lambda a: a.__setitem__(0, a[-1] + 1))):
         assert LexicalIndex.from_bytes(damaged(name, edit)) is None, name
+    header, arrays = _saved_arrays(built)
+    shared = next(j for j in range(len(arrays["notes.offsets"]) - 1)
+                  if arrays["notes.offsets"][j + 1] - arrays["notes.offsets"][j] >= 2)  # a term of 2 notes
+    first = arrays["notes.offsets"][shared]
+    arrays["notes.docs"][first + 1] = arrays["notes.docs"][first]  # the same note posted twice for it
+    assert LexicalIndex.from_bytes(lexical._pack({"format": LexicalIndex.FORMAT}, arrays)) is None
     header, arrays = _saved_arrays(built)
     arrays["notes.tfs"] = arrays["notes.tfs"].astype("<i8") * 2**32  # a count past 32 bits
     assert LexicalIndex.from_bytes(lexical._pack({"format": LexicalIndex.FORMAT}, arrays)) is None
