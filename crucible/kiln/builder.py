@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -107,6 +108,19 @@ class IndexState:
 
 
 StateFn = Callable[[IndexState], None]
+
+
+def _worker_end(code: int) -> str:
+    """Why the indexing worker stopped, as the person reads it: a signal by its name (the
+    kernel's OOM killer sends SIGKILL, the likeliest at 10,000 notes on a small machine)."""
+    if code >= 0:
+        return f"the indexing worker stopped (exit status {code})"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"the indexing worker was killed by {name}" + (
+        ", as when memory runs out" if -code == signal.SIGKILL else "")
 
 
 def _mode(mode: BuildMode | None) -> BuildMode:
@@ -607,7 +621,7 @@ class BackgroundIndex:
             self._worker = None
         if code != 0 and not self._stop.is_set():
             raise CrucibleError(
-                errors[-1] if errors else f"the indexing worker stopped (exit status {code})",
+                errors[-1] if errors else _worker_end(code),
                 "cru kiln index",
             )
         if not self._stop.is_set():
