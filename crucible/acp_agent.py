@@ -697,7 +697,7 @@ class AcpAgentServer:
             if state.phase in ("embedding", "waiting") and left >= INDEX_NOTICE_NOTES:
                 proxy.index_told = "indexing"
                 text = (f"Crucible: the kiln's {state.notes:,} notes are being indexed in the background "
-                        f"({int(state.embedded * 100)}% done); until then searching the kiln matches words "
+                        f"({state.percent}% done); until then searching the kiln matches words "
                         "more than meaning")
         elif state.phase == "ready":
             proxy.index_told = "ready"

@@ -149,11 +149,12 @@ class RankedResults(SearchResults):
                     "Until then these notes were matched by their words only.")
         if self.index.embedded >= 1.0:
             return None
+        # The percent cut, not rounded, as the status bar and `cru kiln info` show it (99.7% is not done).
         if self.index.stopped is not None:
-            return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded; the "
+            return (f"Index: {int(self.index.embedded * 100)}% of the kiln's {self.index.notes} notes are embedded; the "
                     f"index's build stopped ({self.index.stopped}): the others were matched by their words "
                     "only (`cru kiln index` embeds them).")
-        return (f"Index: {self.index.embedded:.0%} of the kiln's {self.index.notes} notes are embedded so "
+        return (f"Index: {int(self.index.embedded * 100)}% of the kiln's {self.index.notes} notes are embedded so "
                 "far; the others were matched by their words only (the index builds in the background).")
 
 

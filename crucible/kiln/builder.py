@@ -96,11 +96,17 @@ class IndexState:
         store that cannot be opened fails with 0, see `BackgroundIndex._fail`)."""
         return self.phase == "failed" and 0 < self.embedded < 1
 
+    @property
+    def percent(self) -> int:
+        """The share embedded as shown: cut, not rounded (99.7% is not done; every place that
+        shows it shows the same figure, `semantic_search`'s line too)."""
+        return int(self.embedded * 100)
+
     def failure_text(self, problem: str) -> str:
         """A failed build said once to the person (`cru acp`'s notice, `cru chat`'s transcript):
         why, and what it means for searching; `problem`: the reason, redacted for showing."""
         if self.stopped_midway:
-            return (f"indexing the kiln stopped at {int(self.embedded * 100)}% ({problem}); searching the "
+            return (f"indexing the kiln stopped at {self.percent}% ({problem}); searching the "
                     "kiln matches the notes embedded so far by meaning too, the others by words only. "
                     "`cru kiln index` embeds the rest")
         return (f"the kiln's index cannot be used ({problem}); searching the kiln matches words only. "

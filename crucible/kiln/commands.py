@@ -379,7 +379,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  word pieces: {counted(index_info['word_pieces'], 'note')}, "
                   f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false` turns them off)")
         if index_info["embedded"] < 1.0:
-            print(f"  embedded: {index_info['embedded']:.0%} of the kiln's notes (the others are found "
+            print(f"  embedded: {int(index_info['embedded'] * 100)}% of the kiln's notes (the others are found "
                   "by their words only until they are)")
         building = index_info["building"]
         if building is not None:

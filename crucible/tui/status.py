@@ -114,10 +114,10 @@ class StatusBar:
             if len(problem) > INDEX_PROBLEM_CHARS:
                 problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
             if state.stopped_midway:
-                return f"indexing stopped at {int(state.embedded * 100)}%: {problem}"
+                return f"indexing stopped at {state.percent}%: {problem}"
             return f"index failed: {problem}"
         if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
-            percent = int(state.embedded * 100)  # 99.7% is not done: never shows 100
+            percent = state.percent
             if state.phase != "waiting":
                 return f"indexing {percent}%"
             if state.stopped_writer is not None:  # it never goes on by itself: say how

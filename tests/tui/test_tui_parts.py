@@ -254,6 +254,30 @@ def test_the_status_bar_shows_a_spinner_and_the_time_while_a_turn_runs() -> None
     assert "s │" not in bar.text(None, waiting=False)[0][1]
 
 
+def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_line() -> None:
+    """One figure wherever the person or the agent reads how far indexing got: cut, not rounded
+    (6.9% embedded was `6%` in the bar and `7%` in the search's line; 99.7% is not done)."""
+    from crucible.kiln.builder import IndexState
+    from mcp_bridge.kiln_api import IndexShare, RankedResults
+
+    for share, shown in ((0.069, "6%"), (0.997, "99%"), (0.5, "50%")):
+        building, stopped = IndexState("embedding", share, 10000), IndexState("failed", share, 10000, "why")
+        bar = StatusBar("agent")
+        backend = SimpleNamespace(index_state=lambda s=building: s, on_index_state=lambda fn: None,
+                                  redact=lambda text: text)
+        bar.follow_index(backend, lambda: None)
+        assert bar.index_text() == f"indexing {shown}"
+        backend.index_state = lambda s=stopped: s
+        assert bar.index_text() == f"indexing stopped at {shown}: why"
+        assert bar.index_failure_notice() == stopped.failure_text("why")
+        assert bar.index_failure_notice() is None  # once
+        assert f"indexing the kiln stopped at {shown} (why)" in stopped.failure_text("why")
+        line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000)).summary_line()
+        assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
+        line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000, stopped="why")).summary_line()
+        assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
+
+
 def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None:
     from crucible.kiln_calls import ProposedWrite
     from crucible.permissions import ToolKey
