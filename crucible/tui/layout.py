@@ -69,7 +69,7 @@ class ChatScreen:
         ui = self.ui
         acp = ui.session.acp if ui.session is not None else None
         return ui.status.text(acp, waiting=ui.dialog_up or ui.questions.current is not None,
-                              scrolled=ui.transcript.scroll > 0)
+                              scrolled=ui.transcript.scroll > 0, width=self._columns())
 
     def _columns(self) -> int:
         return self.ui.app.output.get_size().columns

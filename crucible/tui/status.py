@@ -19,6 +19,7 @@ from typing import Any
 
 from prompt_toolkit.formatted_text import StyleAndTextTuples
 from prompt_toolkit.layout.dimension import Dimension
+from prompt_toolkit.utils import get_cwidth
 
 from acp_host.session import PlanChanged, TurnEnded, UsageChanged
 from crucible.terminal import counted, sanitize
@@ -102,9 +103,10 @@ class StatusBar:
             return None
         return str(state.failure_text(sanitize(self._index_backend.redact(state.problem or "see cru kiln info"))))
 
-    def index_text(self) -> str | None:
+    def index_text(self, short: bool = False) -> str | None:
         """`indexing 34%` while the kiln's notes are being embedded, `index failed: why`, or
-        None (ready, or nothing to show yet: while it opens it is not known to be incomplete)."""
+        None (ready, or nothing to show yet: while it opens it is not known to be incomplete).
+        `short`: without the why (the chat has said it whole)."""
         if self._index_backend is None:
             return None
         state = self._index_backend.index_state()
@@ -113,9 +115,8 @@ class StatusBar:
             problem = re.sub(r" at https?://\S+", "", sanitize(state.problem or "see cru kiln info"))
             if len(problem) > INDEX_PROBLEM_CHARS:
                 problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
-            if state.stopped_midway:
-                return f"indexing stopped at {state.percent}%: {problem}"
-            return f"index failed: {problem}"
+            shown = f"indexing stopped at {state.percent}%" if state.stopped_midway else "index failed"
+            return shown if short else f"{shown}: {problem}"
         if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
             percent = state.percent
             if state.phase != "waiting":
@@ -126,9 +127,11 @@ class StatusBar:
         return None
 
     # -- drawing ------------------------------------------------------------------------
-    def text(self, acp: Any, waiting: bool, scrolled: bool = False) -> StyleAndTextTuples:
+    def text(self, acp: Any, waiting: bool, scrolled: bool = False, width: int | None = None) -> StyleAndTextTuples:
         """The bar; `acp`: the session's ACP session (mode, model), if any; `scrolled`: the
-        transcript is scrolled up (newer rows below are out of sight)."""
+        transcript is scrolled up (newer rows below are out of sight); `width`: the screen's,
+        which a bar too wide is fitted to by leaving out what is said whole elsewhere: the
+        index's reason (said in the chat), then the usage figures (/usage), the newest first."""
         state = self.state
         if self.turn_started_at is not None and state in ("running", "cancelling"):
             elapsed = time.monotonic() - self.turn_started_at
@@ -142,18 +145,25 @@ class StatusBar:
                 parts.append(f"mode: {sanitize(st.mode_now)}")
             if st.model_now:
                 parts.append(f"model: {sanitize(st.model_now)}")
+        usage = []
         if self.context is not None:
-            parts.append(f"ctx {fmt_tokens(self.context[0])}/{fmt_tokens(self.context[1])}")
+            usage.append(f"ctx {fmt_tokens(self.context[0])}/{fmt_tokens(self.context[1])}")
         if self.session_tokens:
-            parts.append(f"{fmt_tokens(self.session_tokens)} tok")
+            usage.append(f"{fmt_tokens(self.session_tokens)} tok")
         if self.cost is not None:
-            parts.append(f"{self.cost[0]:.4f} {self.cost[1]}")
-        index = self.index_text()
-        if index is not None:  # last: the session's own state comes first on a narrow screen
-            parts.append(index)
-        text = " " + " │ ".join(parts)
-        if self.flash and time.monotonic() < self.flash_until:
-            return [("class:status.flash", f" {self.flash} "), ("class:status", text)]
+            usage.append(f"{self.cost[0]:.4f} {self.cost[1]}")
+        # The index last: the session's own state comes first on a narrow screen.
+        index, short = self.index_text(), self.index_text(short=True)
+        flash = f" {self.flash} " if self.flash and time.monotonic() < self.flash_until else ""
+        text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
+        while width is not None and get_cwidth(flash + text) > width and (index != short or usage):
+            if index != short:
+                index = short
+            else:
+                usage.pop()
+            text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
+        if flash:
+            return [("class:status.flash", flash), ("class:status", text)]
         return [("class:status", text)]
 
     def usage_text(self) -> str:

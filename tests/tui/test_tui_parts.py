@@ -278,6 +278,38 @@ def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_li
         assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
 
 
+def test_a_bar_too_wide_leaves_out_the_index_reason_then_the_usage_not_the_index() -> None:
+    """At 120 columns with the usage shown, a stopped build's bar was cut mid-reason, and at 100
+    the index part was gone (`… │ 0.0000 USD │ ind`): the reason is said whole in the chat and
+    the usage in /usage, so they go first, whole parts, and what is left fits."""
+    from crucible.kiln.builder import IndexState
+
+    bar = StatusBar("opencode")
+    bar.state, bar.context, bar.session_tokens, bar.cost = "ready", (10, 100000), 15, (0.0, "USD")
+    stopped = IndexState("failed", 0.104, 10000, "the indexing worker was killed by SIGKILL, as when memory runs out")
+    bar.follow_index(SimpleNamespace(index_state=lambda: stopped, on_index_state=lambda fn: None), lambda: None)
+    acp = SimpleNamespace(state=SimpleNamespace(mode_now="build", model_now="fake/fake-model"))
+
+    def shown(width: int | None) -> str:
+        return "".join(t for _, t in bar.text(acp, waiting=False, width=width))
+
+    whole = shown(None)
+    assert whole.endswith("│ 0.0000 USD │ indexing stopped at 10%: the indexing worker was killed by SIGKILL, as "
+                          "when memory r…"), whole  # (the reason's first 60 characters)
+    assert shown(400) == whole  # room enough: all of it
+    at_120 = shown(120)
+    assert at_120 == " ready │ opencode │ mode: build │ model: fake/fake-model │ ctx 10/100.0k │ 15 tok │ 0.0000 USD │ " \
+                     "indexing stopped at 10%", at_120
+    at_100 = shown(100)
+    assert at_100 == " ready │ opencode │ mode: build │ model: fake/fake-model │ ctx 10/100.0k │ indexing stopped at 10%"
+    assert get_cwidth(at_100) <= 100
+    # Narrower than the session's own state: that stays (cut by the screen), the index still last.
+    assert shown(30).startswith(" ready │ opencode │ mode: build") and shown(30).endswith("indexing stopped at 10%")
+    bar.set_flash("copied", 5)
+    flashed = bar.text(acp, waiting=False, width=100)
+    assert flashed[0][1] == " copied " and get_cwidth("".join(t for _, t in flashed)) <= 100, flashed
+
+
 def test_the_dialog_fits_a_big_note_write_in_its_rows_and_is_made_once() -> None:
     from crucible.kiln_calls import ProposedWrite
     from crucible.permissions import ToolKey
