@@ -103,6 +103,12 @@ class SearchResults(_Model):
     results: list[SearchHit]
 
 
+def shown_percent(share: float) -> int:
+    """A share embedded (0-1) as the percent every place shows it: cut, not rounded (99.7% is
+    not done), past the float's error (0.29 * 100 is 28.999…)."""
+    return int(share * 100 + 1e-6)
+
+
 class IndexShare(_Model):
     """How much of the kiln a ranked search could search by meaning."""
 
@@ -149,12 +155,11 @@ class RankedResults(SearchResults):
                     "Until then these notes were matched by their words only.")
         if self.index.embedded >= 1.0:
             return None
-        # The percent cut, not rounded, as the status bar and `cru kiln info` show it (99.7% is not done).
         if self.index.stopped is not None:
-            return (f"Index: {int(self.index.embedded * 100)}% of the kiln's {self.index.notes} notes are embedded; the "
+            return (f"Index: {shown_percent(self.index.embedded)}% of the kiln's {self.index.notes} notes are embedded; the "
                     f"index's build stopped ({self.index.stopped}): the others were matched by their words "
                     "only (`cru kiln index` embeds them).")
-        return (f"Index: {int(self.index.embedded * 100)}% of the kiln's {self.index.notes} notes are embedded so "
+        return (f"Index: {shown_percent(self.index.embedded)}% of the kiln's {self.index.notes} notes are embedded so "
                 "far; the others were matched by their words only (the index builds in the background).")
 
 

@@ -48,6 +48,7 @@ from crucible.kiln.writer_status import (
     stopped_hint,
     wait_while_stopped,
 )
+from mcp_bridge.kiln_api import shown_percent
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,8 @@ class IndexState:
 
     @property
     def percent(self) -> int:
-        """The share embedded as shown: cut, not rounded (99.7% is not done; every place that
-        shows it shows the same figure, `semantic_search`'s line too)."""
-        return int(self.embedded * 100)
+        """The share embedded as every place shows it, `semantic_search`'s line too."""
+        return shown_percent(self.embedded)
 
     def failure_text(self, problem: str) -> str:
         """A failed build said once to the person (`cru acp`'s notice, `cru chat`'s transcript):

@@ -25,7 +25,7 @@ from crucible.kiln.paths import RESERVED_DIR, iter_markdown, kiln_sizes, reserve
 from crucible.kiln.search import DEFAULT_MODE, SearchMode, run_search, words_search
 from crucible.kiln.writer_status import build_status, other_cru, stopped_hint, wait_while_stopped
 from crucible.terminal import counted, human_size
-from mcp_bridge.kiln_api import SearchHit
+from mcp_bridge.kiln_api import SearchHit, shown_percent
 
 # Plain progress lines: at most one every this many seconds (plus the first and the last).
 PLAIN_EVERY = 2.0
@@ -379,7 +379,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  word pieces: {counted(index_info['word_pieces'], 'note')}, "
                   f"{human_size(index_info['word_pieces_bytes'])} (`[index] word_pieces = false` turns them off)")
         if index_info["embedded"] < 1.0:
-            print(f"  embedded: {int(index_info['embedded'] * 100)}% of the kiln's notes (the others are found "
+            print(f"  embedded: {shown_percent(index_info['embedded'])}% of the kiln's notes (the others are found "
                   "by their words only until they are)")
         building = index_info["building"]
         if building is not None:

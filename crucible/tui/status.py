@@ -153,14 +153,19 @@ class StatusBar:
         if self.cost is not None:
             usage.append(f"{self.cost[0]:.4f} {self.cost[1]}")
         # The index last: the session's own state comes first on a narrow screen.
-        index, short = self.index_text(), self.index_text(short=True)
+        index = self.index_text()
         flash = f" {self.flash} " if self.flash and time.monotonic() < self.flash_until else ""
         text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
-        while width is not None and get_cwidth(flash + text) > width and (index != short or usage):
+        short: str | None = None
+        while width is not None and get_cwidth(flash + text) > width:
+            if short is None and index is not None:
+                short = self.index_text(short=True)
             if index != short:
                 index = short
-            else:
+            elif usage:
                 usage.pop()
+            else:
+                break  # the session's own state: cut by the screen
             text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
         if flash:
             return [("class:status.flash", flash), ("class:status", text)]

@@ -13,6 +13,8 @@ import pytest
 import trio
 from conftest import LeakCheck, stdio_client, texts
 
+from mcp_bridge.kiln_api import shown_percent
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from gated_embedder import GatedEmbedder  # noqa: E402
 
@@ -142,7 +144,7 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
             index = sc["index"]
             assert 0 < index["embedded"] < 1 and "problem" not in index, index
             assert index["stopped"] == "the indexing worker was killed by SIGKILL, as when memory runs out", index
-            assert sc["notice"] == (f"Index: {int(index['embedded'] * 100)}% of the kiln's {index['notes']} notes are "
+            assert sc["notice"] == (f"Index: {shown_percent(index['embedded'])}% of the kiln's {index['notes']} notes are "
                                     f"embedded; the index's build stopped ({index['stopped']}): the others were "
                                     "matched by their words only (`cru kiln index` embeds them).")
             assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]

@@ -260,7 +260,7 @@ def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_li
     from crucible.kiln.builder import IndexState
     from mcp_bridge.kiln_api import IndexShare, RankedResults
 
-    for share, shown in ((0.069, "6%"), (0.997, "99%"), (0.5, "50%")):
+    for share, shown in ((0.069, "6%"), (0.997, "99%"), (0.5, "50%"), (0.29, "29%"), (0.57, "57%")):
         building, stopped = IndexState("embedding", share, 10000), IndexState("failed", share, 10000, "why")
         bar = StatusBar("agent")
         backend = SimpleNamespace(index_state=lambda s=building: s, on_index_state=lambda fn: None,
