@@ -48,6 +48,10 @@ class IndexConfig(BaseModel):
     # Each chunk's word pieces kept beside the index (96 bytes each: 1.2x-1.6x the vector
     # store) and compared with the query's (crucible/kiln/late_interaction.py); false: not kept.
     word_pieces: bool = True
+    # A session's build that stopped midway (the embedder down, its worker killed) is tried again
+    # after this many seconds, twice as long after each that stops again (up to 30 min); 0: never
+    # (`cru kiln index` embeds the rest).
+    retry_secs: float = Field(default=60.0, ge=0)
 
 
 class EmbedderConfig(BaseModel):

@@ -72,6 +72,10 @@ FOLLOW_MIN_NOTES = 50
 # An index on a server that could not be opened is tried again this often (an embedded store is
 # tried again when its files change).
 RETRY_SERVER = 30.0
+# A build that stopped midway is tried again after `[index] retry_secs`, doubled after each
+# that stops again up to this: an embedder back up, or a worker the OOM killer took (each try
+# embeds more: what was written stays), goes on without the person.
+RETRY_BUILD_MAX = 1800.0
 
 Phase = Literal["starting", "opening", "waiting", "embedding", "ready", "failed", "stopped"]
 
@@ -86,6 +90,7 @@ class IndexState:
     notes: int = 0
     problem: str | None = None  # why it failed, or whom it waits for
     stopped_writer: int | None = None  # waiting: the pid of the writer, when it is stopped (Ctrl-Z)
+    retry_in: float | None = None  # failed midway: the seconds until this session tries again
 
     @property
     def searchable(self) -> bool:
@@ -106,14 +111,20 @@ class IndexState:
         """A failed build said once to the person (`cru acp`'s notice, `cru chat`'s transcript):
         why, and what it means for searching; `problem`: the reason, redacted for showing."""
         if self.stopped_midway:
+            again = f"it is tried again in {_duration(self.retry_in)}, or " if self.retry_in else ""
             return (f"indexing the kiln stopped at {self.percent}% ({problem}); searching the "
                     "kiln matches the notes embedded so far by meaning too, the others by words only. "
-                    "`cru kiln index` embeds the rest")
+                    f"{again.capitalize()}`cru kiln index` embeds the rest")
         return (f"the kiln's index cannot be used ({problem}); searching the kiln matches words only. "
                 "`cru kiln index` says how to mend it, and this session takes the mended index")
 
 
 StateFn = Callable[[IndexState], None]
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{round(seconds)} s" if minutes < 1 else "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
 def _worker_end(code: int) -> str:
@@ -163,6 +174,8 @@ class BackgroundIndex:
         self._words_searching = 0  # searches answering by words before the index opens
         self._words_done = threading.Condition()
         self._search_broke = False  # the failure shown is a search's (search_failed)
+        self._retry_wait = config.index.retry_secs  # before the next try of a build stopped midway
+        self._retry_at: float | None = None  # when that try is due (monotonic)
 
     # -- for the owner -----------------------------------------------------------------------
 
@@ -305,6 +318,8 @@ class BackgroundIndex:
         with self._state_lock:
             if changes.get("phase", self._state.phase) != "waiting":
                 changes.setdefault("stopped_writer", None)
+            if changes.get("phase", self._state.phase) != "failed":
+                changes.setdefault("retry_in", None)
             state = replace(self._state, **changes)
             if state == self._state:
                 return  # nothing new to tell (a wait or a follow looks again and again)
@@ -489,7 +504,7 @@ class BackgroundIndex:
         finally:
             self._model_tried.set()
 
-    def _fail(self, exc: CrucibleError) -> None:
+    def _fail(self, exc: CrucibleError, retry_in: float | None = None) -> None:
         if self._index is None:  # no store open: nothing is searched by meaning
             self._error = exc
             self._set(phase="failed", problem=exc.message, embedded=0.0, force=True)
@@ -500,7 +515,7 @@ class BackgroundIndex:
                 embedded = self.share()[0]
             except Exception:  # (what broke the build may break this read too: the progress's share)
                 embedded = self.state().embedded
-            self._set(phase="failed", problem=exc.message, embedded=embedded, force=True)
+            self._set(phase="failed", problem=exc.message, embedded=embedded, retry_in=retry_in, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:
         pid = (status or {}).get("pid")
@@ -514,10 +529,16 @@ class BackgroundIndex:
         (`_fail`: what it embedded is searched), and `cru kiln index` in another terminal, or
         the next update another process leaves incomplete, takes it on (`_follow_others`)."""
         try:
-            return self._build()
+            built = self._build()
         except CrucibleError as exc:
-            self._fail(exc)
+            wait = self._retry_wait
+            if wait > 0:  # tried again by `_follow_others`
+                self._retry_at = time.monotonic() + wait
+                self._retry_wait = min(wait * 2, max(wait, RETRY_BUILD_MAX))
+            self._fail(exc, retry_in=wait or None)
             return False
+        self._retry_wait, self._retry_at = self.config.index.retry_secs, None
+        return built
 
     def _build(self) -> bool:
         """Embed what is missing; then `ready`, unless closed meanwhile (False)."""
@@ -571,7 +592,12 @@ class BackgroundIndex:
                     self._index.follow_store()
                     share, notes = self.share()
                     if share >= 1.0:
+                        self._retry_wait, self._retry_at = self.config.index.retry_secs, None
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
+                    elif self._retry_at is not None and time.monotonic() >= self._retry_at:
+                        log.info("the index's build stopped midway: trying it again")
+                        self._retry_at = None
+                        return True
             except Exception as exc:  # a look that failed says nothing of the index: look again
                 log.debug("following other processes' updates failed: %s", exc)
         return False

@@ -48,7 +48,7 @@ class StatusBar:
         self.turns = 0
         self.turn_started_at: float | None = None  # while a turn runs
         self._index_backend: Any = None  # the kiln backend whose index the bar shows
-        self._index_failure_told = False  # the failure the index is in was said in the chat
+        self._index_failure_told: str | None = None  # the failure said in the chat (its reason)
 
     # -- what changes it ----------------------------------------------------------------
     def set_flash(self, text: str, seconds: float) -> None:
@@ -91,16 +91,20 @@ class StatusBar:
             return
         self._index_backend = backend
         backend.on_index_state(lambda _state: wake())
+        wake()  # a state reached before this (a build failed at once) is not sent again
 
     def index_failure_notice(self) -> str | None:
-        """Once each time the index's build fails: the whole reason and what it means for
-        searching, for the chat (the bar has room for a short reason only)."""
+        """Once each failure of the index's build: the whole reason and what it means for
+        searching, for the chat (the bar has room for a short reason only). A build tried again
+        that stops for the same reason is not said again until the index was ready between."""
         if self._index_backend is None:
             return None
         state = self._index_backend.index_state()
-        told, self._index_failure_told = self._index_failure_told, state.phase == "failed"
-        if state.phase != "failed" or told:
+        if state.phase == "ready":
+            self._index_failure_told = None
+        if state.phase != "failed" or state.problem == self._index_failure_told:
             return None
+        self._index_failure_told = state.problem
         return str(state.failure_text(sanitize(self._index_backend.redact(state.problem or "see cru kiln info"))))
 
     def index_text(self, short: bool = False) -> str | None:

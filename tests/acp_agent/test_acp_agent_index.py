@@ -121,7 +121,7 @@ def test_the_editor_is_told_how_far_indexing_got_when_it_stops_midway(big: AcpSe
     said = editor.text(sid)
     stopped = re.search(r"⚠ Crucible: indexing the kiln stopped at (\d+)% \(the openai embedder at \S+ answered HTTP 500.*?\); "
                         r"searching the kiln matches the notes embedded so far by meaning too, the others by "
-                        r"words only\. `cru kiln index` embeds the rest", said)
+                        r"words only\. It is tried again in 1 minute, or `cru kiln index` embeds the rest", said)
     assert stopped is not None and 0 < int(stopped.group(1)) < 100, said
     assert said.count("stopped at") == 1 and "cannot be used" not in said, said
 

@@ -13,6 +13,7 @@ import pytest
 import trio
 from conftest import LeakCheck, stdio_client, texts
 
+from crucible.kiln.index import GROUP_NOTES, group_notes
 from mcp_bridge.kiln_api import shown_percent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
@@ -158,6 +159,63 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
                     await trio.sleep(0.3)
                     r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
             assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md", sc
+    leak.check()
+
+
+async def test_a_build_the_embedder_stopped_goes_on_by_itself_once_the_embedder_is_back(
+        cru_bin: str, cru_env: dict[str, str], tmp_path: Path) -> None:
+    """The embedder answering errors midway (an Ollama restarted, a server overloaded) stops
+    the build: said as stopped; the session tries it again by itself (`[index] retry_secs`,
+    twice as long after each try that stops again), and once the embedder answers the build
+    ends with no `cru kiln index`, embedding only what was missing, and the searches say so."""
+    kiln = tmp_path / "kiln"
+    notes = 2 * GROUP_NOTES + 16  # one chunk each, embedded and written `size` at a time
+    for i in range(notes):
+        path = kiln / f"part-{i // 50}" / f"note-{i:03d}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Note {i}\n\nAbout the lantern and the word uniqueword{i}.\n")
+    size = group_notes(notes)
+    query = "lantern uniqueword7"
+    leak = LeakCheck(tmp_path, kiln)
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml(batch_size=32) + "\n[index]\nretry_secs = 2\n")
+        async with stdio_client(cru_bin, kiln, cru_env) as c:
+            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
+            allowed = 0
+            with trio.fail_after(120):
+                while True:  # a request at a time, each once the one before was answered, until some are written
+                    if embedder.answered >= allowed:
+                        embedder.allow(1)
+                        allowed += 1
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                    if (r.structured_content or {})["index"]["embedded"] > 0:
+                        break
+                    await trio.sleep(0.3)
+            # The rest fails (searches by meaning go on: their queries are answered).
+            embedder.fail(503, '{"error": "model is loading"}', queries_too=False)
+            with trio.fail_after(60):
+                while "stopped" not in (sc := r.structured_content or {})["index"]:
+                    await trio.sleep(0.3)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert "HTTP 503" in sc["index"]["stopped"] and 0 < sc["index"]["embedded"] < 1, sc["index"]
+            missing = notes - round(sc["index"]["embedded"] * notes)
+            assert missing % size == 0 or missing < size, (missing, size)  # groups written whole
+            tries = embedder.requests
+            await trio.sleep(5)  # tried again meanwhile (after 2 s, then 4 s): stopped again, still said so
+            r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert embedder.requests > tries and "stopped" in (r.structured_content or {})["index"]
+            texts_before = embedder.texts
+            embedder.mend()
+            embedder.open()
+            with trio.fail_after(90):  # the next try (8 s at most after the last) embeds the rest
+                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": notes}:
+                    await trio.sleep(0.5)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert "notice" not in sc and sc["results"][0]["path"] == "part-0/note-007.md", sc
+            # Only what was missing was embedded again (the failed tries asked one batch each).
+            assert embedder.texts - texts_before <= missing + 32, (embedder.texts, texts_before, missing)
     leak.check()
 
 

@@ -147,7 +147,8 @@ def test_a_build_that_stops_midway_shows_how_far_it_got_and_why(tui: TuiRunner, 
     told = said_once(screen, re.compile(
         r"warning: indexing the kiln stopped at (\d+)% \(the openai embedder at http://127\.0\.0\.1:\d+\S* answered "
         r"HTTP 500[^)]*model gated is not loaded[^)]*\); searching the kiln matches the notes embedded so far by "
-        r"meaning too, the others by words only\. `cru kiln index` embeds the rest"))
+        r"meaning too, the others by words only\. It is tried again in 1 minute, or `cru kiln index` embeds "
+        r"the rest"))
     assert "cannot be used" not in told
     leave(screen)
 

@@ -271,7 +271,10 @@ def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_li
         assert bar.index_text() == f"indexing stopped at {shown}: why"
         assert bar.index_failure_notice() == stopped.failure_text("why")
         assert bar.index_failure_notice() is None  # once
-        assert f"indexing the kiln stopped at {shown} (why)" in stopped.failure_text("why")
+        assert stopped.failure_text("why").endswith("the others by words only. `cru kiln index` embeds the rest")
+        again = IndexState("failed", share, 10000, "why", retry_in=60.0).failure_text("why")
+        assert again.startswith(f"indexing the kiln stopped at {shown} (why)")
+        assert again.endswith("words only. It is tried again in 1 minute, or `cru kiln index` embeds the rest")
         line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000)).summary_line()
         assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
         line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000, stopped="why")).summary_line()
@@ -287,7 +290,10 @@ def test_a_bar_too_wide_leaves_out_the_index_reason_then_the_usage_not_the_index
     bar = StatusBar("opencode")
     bar.state, bar.context, bar.session_tokens, bar.cost = "ready", (10, 100000), 15, (0.0, "USD")
     stopped = IndexState("failed", 0.104, 10000, "the indexing worker was killed by SIGKILL, as when memory runs out")
-    bar.follow_index(SimpleNamespace(index_state=lambda: stopped, on_index_state=lambda fn: None), lambda: None)
+    woken: list[int] = []
+    bar.follow_index(SimpleNamespace(index_state=lambda: stopped, on_index_state=lambda fn: None),
+                     lambda: woken.append(1))
+    assert woken == [1]  # failed before the bar followed it (no change is sent again): looked at once
     acp = SimpleNamespace(state=SimpleNamespace(mode_now="build", model_now="fake/fake-model"))
 
     def shown(width: int | None) -> str:
