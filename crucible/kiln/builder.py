@@ -526,8 +526,9 @@ class BackgroundIndex:
 
     def _build_or_stop(self) -> bool:
         """`_build`; one that stops midway (its worker killed, the embedder failing) is shown
-        (`_fail`: what it embedded is searched), and `cru kiln index` in another terminal, or
-        the next update another process leaves incomplete, takes it on (`_follow_others`)."""
+        (`_fail`: what it embedded is searched) and tried again after `_retry_wait`, unless `cru
+        kiln index` in another terminal, or the next update another process leaves incomplete,
+        takes it on first (`_follow_others`)."""
         try:
             built = self._build()
         except CrucibleError as exc:
