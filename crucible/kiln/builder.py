@@ -90,7 +90,7 @@ class IndexState:
     notes: int = 0
     problem: str | None = None  # why it failed, or whom it waits for
     stopped_writer: int | None = None  # waiting: the pid of the writer, when it is stopped (Ctrl-Z)
-    retry_in: float | None = None  # failed midway: the seconds until this session tries again
+    retry_in: float | None = None  # a build that failed: the seconds until this session tries again
 
     @property
     def searchable(self) -> bool:
@@ -110,13 +110,14 @@ class IndexState:
     def failure_text(self, problem: str) -> str:
         """A failed build said once to the person (`cru acp`'s notice, `cru chat`'s transcript):
         why, and what it means for searching; `problem`: the reason, redacted for showing."""
+        again = f"It is tried again in {_duration(self.retry_in)}" if self.retry_in else ""
         if self.stopped_midway:
-            again = f"it is tried again in {_duration(self.retry_in)}, or " if self.retry_in else ""
             return (f"indexing the kiln stopped at {self.percent}% ({problem}); searching the "
                     "kiln matches the notes embedded so far by meaning too, the others by words only. "
-                    f"{again.capitalize()}`cru kiln index` embeds the rest")
+                    f"{again + ', or ' if again else ''}`cru kiln index` embeds the rest")
         return (f"the kiln's index cannot be used ({problem}); searching the kiln matches words only. "
-                "`cru kiln index` says how to mend it, and this session takes the mended index")
+                f"{again + '; ' if again else ''}`cru kiln index` says how to mend it, and this session "
+                "takes the mended index")
 
 
 StateFn = Callable[[IndexState], None]

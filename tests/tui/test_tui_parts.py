@@ -275,6 +275,9 @@ def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_li
         again = IndexState("failed", share, 10000, "why", retry_in=60.0).failure_text("why")
         assert again.startswith(f"indexing the kiln stopped at {shown} (why)")
         assert again.endswith("words only. It is tried again in 1 minute, or `cru kiln index` embeds the rest")
+        never = IndexState("failed", 0.0, 10000, "why", retry_in=120.0).failure_text("why")
+        assert never.startswith("the kiln's index cannot be used (why); searching the kiln matches words only. It is "
+                                "tried again in 2 minutes; `cru kiln index` says how to mend it"), never
         line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000)).summary_line()
         assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
         line = RankedResults(results=[], index=IndexShare(embedded=share, notes=10000, stopped="why")).summary_line()
