@@ -513,9 +513,13 @@ class BackgroundIndex:
             try:
                 # All the worker wrote (killed, it said nothing of its last writes), as searches see it
                 self._index.follow_store(writer_killed=self.mode == "process")
-                embedded = self.share()[0]
+                embedded, notes = self.share()
             except Exception:  # (what broke the build may break this read too: the progress's share)
-                embedded = self.state().embedded
+                embedded, notes = self.state().embedded, self.state().notes
+            if embedded >= 1.0:  # it stopped after its last write: nothing is missing
+                log.info("the index's build stopped (%s) with every note embedded", exc.message)
+                self._set(phase="ready", embedded=embedded, notes=notes, problem=None, force=True)
+                return
             self._set(phase="failed", problem=exc.message, embedded=embedded, retry_in=retry_in, force=True)
 
     def _waiting(self, status: dict[str, Any] | None) -> bool:

@@ -125,9 +125,12 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
         config.write_text(embedder.config_toml(batch_size=4))
         async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
             assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
+            allowed = 0
             with trio.fail_after(120):
-                while True:  # one request at a time until some notes are embedded
-                    embedder.allow(1)
+                while True:  # a request at a time, each once the one before was answered, until some are written
+                    if embedder.answered >= allowed:  # (permits piled up let the build end before the kill)
+                        embedder.allow(1)
+                        allowed += 1
                     r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
                     sc = r.structured_content
                     assert sc is not None and "stopped" not in sc["index"], sc
