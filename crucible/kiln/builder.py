@@ -543,8 +543,12 @@ class BackgroundIndex:
                 self._retry_wait = min(wait * 2, max(wait, RETRY_BUILD_MAX))
             self._fail(exc, retry_in=wait or None)
             return False
-        self._retry_wait, self._retry_at = self.config.index.retry_secs, None
+        self._retry_from_start()
         return built
+
+    def _retry_from_start(self) -> None:
+        """A build ended (here or in another process): the next one that stops waits the least."""
+        self._retry_wait, self._retry_at = self.config.index.retry_secs, None
 
     def _build(self) -> bool:
         """Embed what is missing; then `ready`, unless closed meanwhile (False)."""
@@ -598,7 +602,7 @@ class BackgroundIndex:
                     self._index.follow_store()
                     share, notes = self.share()
                     if share >= 1.0:
-                        self._retry_wait, self._retry_at = self.config.index.retry_secs, None
+                        self._retry_from_start()
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
                     elif self._retry_at is not None and time.monotonic() >= self._retry_at:
                         log.info("the index's build stopped midway: trying it again")

@@ -159,8 +159,11 @@ class StatusBar:
         # The index last: the session's own state comes first on a narrow screen.
         index = self.index_text()
         flash = f" {self.flash} " if self.flash and time.monotonic() < self.flash_until else ""
-        text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
-        short: str | None = None
+
+        def joined() -> str:
+            return " " + " │ ".join(parts + usage + ([index] if index is not None else []))
+
+        text, short = joined(), None
         while width is not None and get_cwidth(flash + text) > width:
             if short is None and index is not None:
                 short = self.index_text(short=True)
@@ -170,7 +173,7 @@ class StatusBar:
                 usage.pop()
             else:
                 break  # the session's own state: cut by the screen
-            text = " " + " │ ".join(parts + usage + ([index] if index is not None else []))
+            text = joined()
         if flash:
             return [("class:status.flash", flash), ("class:status", text)]
         return [("class:status", text)]
