@@ -333,11 +333,12 @@ def test_closing_the_terminal_of_the_interactive_chat_keeps_the_turn_and_says_no
         cru = _cru_pid(screen.child.pid)
         tree = descendants(cru) | {cru}
         assert _agent_pids(cru)
-        screen.child.close(force=False)  # the window closes: the pty goes away, SIGHUP
+        took = screen.close_window()  # the pty goes away: SIGHUP, and nothing else
         left = _all_gone(tree, STOP_BOUND)
     finally:
         screen.close()
     assert not left, f"left running after the terminal closed: {[_cmdline(p) for p in left]}"
+    assert took < STOP_BOUND, f"cru chat took {took:.1f} s to stop when its terminal closed"
     assert "Traceback" not in err.read_text()  # no error restoring a terminal that is gone
     events = (_session_folder(clean_env) / "events.jsonl").read_text()
     assert "my question, kept" in events and "and after it" in events

@@ -137,12 +137,13 @@ def test_closing_the_terminal_of_cru_chat_with_claude_leaves_nothing_behind(
         if busy:
             screen.child.send("and more\r")
         tree = _claude_tree(screen.child.pid, one_turn_llm, 2 if busy else 1)
-        screen.child.close(force=False)  # the window closes: the pty goes away, SIGHUP
+        took = screen.close_window()  # the pty goes away: SIGHUP, and nothing else
         left = _left(tree | {screen.child.pid}, 5)
     finally:
         if screen.child.isalive():
             screen.child.kill(signal.SIGKILL)
     assert not left, f"still running after the terminal closed: {left}"
+    assert took < STOP_BOUND, f"cru chat took {took:.1f} s to stop when its terminal closed"
 
 
 EDITOR = r"""

@@ -107,6 +107,17 @@ class Screen:
         self.child.close()
         return self.child.exitstatus if self.child.exitstatus is not None else -(self.child.signalstatus or 0)
 
+    def close_window(self, timeout: float = 30) -> float:
+        """Close the pty as a closing terminal window does (the kernel sends SIGHUP to the
+        program) and nothing else: seconds until the program exited (`timeout` if it did not).
+        pexpect's `close` would follow with SIGCONT and SIGINT, and raise if the program took
+        more than its 0.4 s to exit."""
+        started = time.monotonic()
+        self.child.ptyproc.fileobj.close()
+        while self.child.isalive() and time.monotonic() - started < timeout:
+            time.sleep(0.02)
+        return time.monotonic() - started
+
     def close(self) -> None:
         if self.child.isalive():
             self.child.kill(signal.SIGKILL)
