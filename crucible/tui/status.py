@@ -116,7 +116,9 @@ class StatusBar:
         state = self._index_backend.index_state()
         if state.phase == "failed":
             # The embedder's URL says little here and takes the room of the reason.
-            problem = re.sub(r" at https?://\S+", "", sanitize(state.problem or "see cru kiln info"))
+            # Paths made kiln-relative as in the chat's notice (`redact`), secrets by `sanitize`.
+            problem = sanitize(self._index_backend.redact(state.problem or "see cru kiln info"))
+            problem = re.sub(r" at https?://\S+", "", problem)
             if len(problem) > INDEX_PROBLEM_CHARS:
                 problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
             shown = f"indexing stopped at {state.percent}%" if state.stopped_midway else "index failed"

@@ -284,6 +284,25 @@ def test_the_share_embedded_reads_the_same_in_the_bar_the_chat_and_the_agents_li
         assert line is not None and line.startswith(f"Index: {shown} of the kiln's 10000 notes")
 
 
+def test_the_bar_and_the_chat_show_a_failed_index_with_the_same_paths_hidden() -> None:
+    """The chat's notice went through the backend's `redact` (the kiln as `<kiln>`, the home as
+    `~`) and the bar did not: the same reason showed the person's whole path in the bar."""
+    from crucible.kiln.builder import IndexState
+    from crucible.kiln_mcp import CrucibleKilnBackend
+
+    kiln = Path.home() / "notes-of-someone"
+    backend = CrucibleKilnBackend(kiln)
+    failed = IndexState("failed", 0.0, 3, f"cannot open {kiln}/.crucible/chroma: disk I/O error")
+    backend.index_state = lambda: failed  # type: ignore[method-assign]  # (no build: the state alone)
+    backend.on_index_state = lambda fn: None  # type: ignore[method-assign]
+    bar = StatusBar("agent")
+    bar.follow_index(backend, lambda: None)
+    assert bar.index_text() == "index failed: cannot open <kiln>/.crucible/chroma: disk I/O error"
+    notice = bar.index_failure_notice()
+    assert notice is not None and "(cannot open <kiln>/.crucible/chroma: disk I/O error)" in notice, notice
+    assert str(Path.home()) not in notice
+
+
 def test_a_bar_too_wide_leaves_out_the_index_reason_then_the_usage_not_the_index() -> None:
     """At 120 columns with the usage shown, a stopped build's bar was cut mid-reason, and at 100
     the index part was gone (`… │ 0.0000 USD │ ind`): the reason is said whole in the chat and
@@ -294,8 +313,8 @@ def test_a_bar_too_wide_leaves_out_the_index_reason_then_the_usage_not_the_index
     bar.state, bar.context, bar.session_tokens, bar.cost = "ready", (10, 100000), 15, (0.0, "USD")
     stopped = IndexState("failed", 0.104, 10000, "the indexing worker was killed by SIGKILL, as when memory runs out")
     woken: list[int] = []
-    bar.follow_index(SimpleNamespace(index_state=lambda: stopped, on_index_state=lambda fn: None),
-                     lambda: woken.append(1))
+    bar.follow_index(SimpleNamespace(index_state=lambda: stopped, on_index_state=lambda fn: None,
+                                     redact=lambda text: text), lambda: woken.append(1))
     assert woken == [1]  # failed before the bar followed it (no change is sent again): looked at once
     acp = SimpleNamespace(state=SimpleNamespace(mode_now="build", model_now="fake/fake-model"))
 
