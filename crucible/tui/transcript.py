@@ -33,6 +33,7 @@ from crucible.tui.markdown import (
     render_line,
     table_rows,
     wrap,
+    wrap_indented,
 )
 
 MAX_ENTRIES = 2000
@@ -214,7 +215,7 @@ class BlockEntry(Entry):
         if self._cache is None or self._cache[0] != width:
             rows: list[Fragments] = []
             for line in self.lines:
-                rows.extend(wrap(line, width))
+                rows.extend(wrap_indented(line, width))
             self._cache = (width, rows)
         yield from reversed(self._cache[1])
 

@@ -69,9 +69,10 @@ class Screen:
     def unwrapped(self) -> str:
         """The screen read as one paragraph, so a text the chat wrapped (a long path pushes
         words to the next row) is found whole: a row cut mid-word (it fills the width) joins
-        the next as is, a row broken at a space joins it with one space."""
+        the next as is, a row broken at a space joins it with one space; a row's indent (a
+        tool's output wraps under itself) is left out."""
         rows = [line.rstrip() for line in self.screen.display]
-        return "".join(row + ("" if len(row) >= self.screen.columns else " ") for row in rows)
+        return "".join(row.lstrip() + ("" if len(row) >= self.screen.columns else " ") for row in rows)
 
     def shows(self, what: str | re.Pattern[str], shown: str) -> bool:
         """`what` is in `shown` (the screen's rows), on one row or wrapped over several."""

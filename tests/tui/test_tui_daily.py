@@ -166,6 +166,27 @@ def test_a_search_shows_its_query_and_top_hits_whatever_the_agents_prefix(tui: T
     leave(screen)
 
 
+def test_a_tools_long_output_line_wraps_under_itself_not_under_the_title(tui: TuiRunner) -> None:
+    """The search's line on the index, longer than the screen, went on at the screen's left
+    edge, under the tool's title; its rows now all start under its first."""
+    notice = ("Index: 34% of the kiln's 10000 notes are embedded so far; the others were matched by "
+              "their words only (the index builds in the background).")
+    calls = search_call("mcp__crucible__")
+    calls[1]["tool_call_update"]["content"][0]["content"]["text"] = json.dumps(
+        {"results": [{"path": "notes/bread.md", "title": "Bread", "score": 1.0, "heading": None,
+                      "snippet": "flour"}], "notice": notice})
+    screen = tui.open({"prompts": [[*calls, {"text": "found it"}]]}, cols=60, rows=30)
+    screen.wait_for("ready")
+    screen.type_line("find bread")
+    rows = screen.wait_for("found it").splitlines()
+    start = next(i for i, row in enumerate(rows) if row.startswith("  Index: 34%"))
+    end = next(i for i, row in enumerate(rows) if row.endswith("background)."))
+    assert end - start >= 2, rows  # wrapped: three rows at least
+    assert all(row.startswith("  ") and row[2] != " " for row in rows[start:end + 1]), rows[start:end + 1]
+    assert " ".join(row.strip() for row in rows[start:end + 1]) == notice
+    leave(screen)
+
+
 def test_a_note_write_shows_as_a_diff_against_the_note(tui: TuiRunner, kiln: Path) -> None:
     note = kiln / "inbox" / "plan.md"
     note.parent.mkdir(parents=True, exist_ok=True)

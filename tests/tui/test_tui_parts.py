@@ -24,7 +24,7 @@ from crucible.kiln_calls import (
     proposed_write,
     search_result,
 )
-from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap
+from crucible.tui.markdown import MarkdownState, render_line, table_rows, wrap, wrap_indented
 from crucible.tui.permissions import KEYS, ROW_LABELS, SHORT_LABELS, key_rows
 from crucible.tui.prompts import PromptQueue, Queued
 from crucible.tui.status import StatusBar
@@ -54,6 +54,17 @@ def test_wrap_breaks_at_spaces_and_cuts_only_words_longer_than_a_row() -> None:
     assert rows == [[("a", "one two")], [("b", "three")], [("b", "four")]]
     # Wide characters: cells, not characters, and a break at a space when there is one.
     assert texts(wrap([("", "日本語 のノート ok")], 8)) == ["日本語", "のノート", "ok"]
+
+
+def test_an_indented_line_wraps_under_its_first_row() -> None:
+    rows = wrap_indented([("dim", "  "), ("path", "notes/a.md"), ("dim", " — a title that goes on and on")], 20)
+    assert texts(rows) == ["  notes/a.md — a", "  title that goes on", "  and on"]
+    assert rows[1][0] == ("dim", "  ")  # the indent in the line's first style
+    assert texts(wrap_indented([("", "    code that is long")], 20)) == ["    code that is", "    long"]
+    # Fits, or not indented, or an indent of half the row or more: as `wrap` does.
+    assert wrap_indented([("", "  short")], 20) == wrap([("", "  short")], 20)
+    assert wrap_indented([("", "no indent at all here")], 10) == wrap([("", "no indent at all here")], 10)
+    assert wrap_indented([("", " " * 10 + "deep text here")], 20) == wrap([("", " " * 10 + "deep text here")], 20)
 
 
 def test_a_table_streams_as_rows_then_is_drawn_when_it_ends() -> None:
