@@ -546,6 +546,16 @@ class BackgroundIndex:
         self._retry_from_start()
         return built
 
+    def _as_of_now(self, share: float, notes: int) -> tuple[float, int]:
+        """The worker's progress over the notes it set out with, as a share of the kiln's notes
+        now: a note written since is searched by its words already (a result may list it), so
+        it counts, as not embedded yet ("0% of the kiln's 122 notes" listed the 123rd)."""
+        lexical = self._lexical
+        now = len(lexical) if lexical is not None else 0
+        if not now or now == notes:
+            return share, notes
+        return round(min(1.0, share * notes / now), 4), now
+
     def _retry_from_start(self) -> None:
         """A build ended (here or in another process): the next one that stops waits the least."""
         self._retry_wait, self._retry_at = self.config.index.retry_secs, None
@@ -597,6 +607,11 @@ class BackgroundIndex:
                     if shown or self._state.phase != "ready":
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
                     shown = False
+                elif self._index.has_queued() and not self._index.writing_here():
+                    # Left by the watcher to a holder of the lock that was not an update (a
+                    # search opening the store again as the worker ended): theirs to embed now,
+                    # not at the next change ("embedded so far" stayed below 100% for good).
+                    self._index.update_paths([])
                 elif self._state.phase == "failed" and not self._search_broke:
                     # Stopped midway: finished since by an update too quick to be seen running
                     self._index.follow_store()
@@ -653,8 +668,8 @@ class BackgroundIndex:
                 if "waiting" in msg:
                     self._waiting(msg["waiting"])
                 elif "embedded" in msg:
-                    self._set(phase="embedding", embedded=float(msg["embedded"]),
-                              notes=int(msg.get("notes", self._state.notes)), problem=None)
+                    share, notes = self._as_of_now(float(msg["embedded"]), int(msg.get("notes", self._state.notes)))
+                    self._set(phase="embedding", embedded=share, notes=notes, problem=None)
                 elif "error" in msg:
                     errors.append(str(msg["error"]))
         finally:

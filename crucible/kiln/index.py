@@ -391,6 +391,11 @@ class KilnIndex:
         are told that one's pid."""
         self._writer.cru_pid = cru_pid
 
+    def has_queued(self) -> bool:
+        """Changed notes wait for their vectors: `update_paths` found this process's lock taken
+        (an update, or a search opening the store again) and left them to its holder."""
+        return bool(self._queued)
+
     def writing_here(self) -> bool:
         """An update of this process holds the kiln's writer lock."""
         return self._writer.held

@@ -314,6 +314,46 @@ def test_background_index_in_a_thread_and_in_a_worker(tiny_kiln: Path, mode: Any
         background.close()
 
 
+def test_a_changed_note_left_while_a_search_held_the_lock_is_embedded_without_another_change(
+        tiny_kiln: Path) -> None:
+    """The watcher's `update_paths` leaves a changed note to whoever holds the index's lock in
+    this process. A search opening the store again (as another process's writes ended) holds it
+    too, and embeds nothing: the note stayed unembedded, "embedded so far", until the next change.
+    The session's index embeds it by itself."""
+    background = BackgroundIndex(tiny_kiln, Config(), mode="thread")
+    background.start()
+    try:
+        index = background.open_index()
+        deadline = time.monotonic() + 300
+        while background.state().phase != "ready" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert background.state().phase == "ready", background.state()
+        (tiny_kiln / "Harbor rota.md").write_text("# Harbor rota\n\nThe quayside lamplighter rota for winter.\n")
+        held, release = threading.Event(), threading.Event()
+
+        def reopening() -> None:  # as `KilnIndex._reopen` holds it, for as long as the test says
+            with index._lock:
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=reopening)
+        holder.start()
+        try:
+            assert held.wait(10)
+            index.update_paths(["Harbor rota.md"])  # the watcher's call: the words have it at once
+            assert hybrid_search(index, "quayside lamplighter", 1)[0].path == "Harbor rota.md"
+            assert index.embedded_share() == (3, 4)
+        finally:
+            release.set()
+            holder.join(10)
+        deadline = time.monotonic() + 10 * FOLLOW_EVERY
+        while index.embedded_share() != (4, 4) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert index.embedded_share() == (4, 4)
+    finally:
+        background.close()
+
+
 def test_a_worker_gone_before_it_read_its_config_is_said_by_its_exit_not_a_traceback(
     tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -165,6 +165,52 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
     leak.check()
 
 
+async def test_a_note_written_while_the_index_builds_is_counted_before_the_build_ends(
+        cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
+    """A note written during the build is found by its words at once; the share counted it only
+    once the build ended ("0% of the kiln's 122 notes" listed the 123rd): it is counted at the
+    build's next step, as not embedded yet, then embedded after the build."""
+    query = "quayside lamplighter rota"
+    leak = LeakCheck(tmp_path, mcp_kiln)
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml(batch_size=4))
+        async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
+            r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert r.structured_content is not None
+            before = r.structured_content["index"]["notes"]
+            (mcp_kiln / "Harbor rota.md").write_text("# Harbor rota\n\nThe quayside lamplighter rota for winter.\n")
+            with trio.fail_after(60):  # the session's watcher reads it
+                while True:
+                    sc = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3})).structured_content or {}
+                    if "Harbor rota.md" in [hit["path"] for hit in sc["results"]]:
+                        break
+                    await trio.sleep(0.3)
+            assert sc["index"] == {"embedded": 0.0, "notes": before}, sc  # the build's count, until its next step
+            allowed = 0
+            with trio.fail_after(120):  # the build goes on, a request at a time
+                while sc["index"]["notes"] != before + 1:
+                    if embedder.answered >= allowed:
+                        embedder.allow(1)
+                        allowed += 1
+                    await trio.sleep(0.3)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                    sc = r.structured_content or {}
+            assert sc["index"]["embedded"] < 1, sc  # still building: counted by the build's step
+            assert sc["notice"].startswith(f"Index: {shown_percent(sc['index']['embedded'])}% of the kiln's "
+                                           f"{before + 1} notes are embedded so far"), sc["notice"]
+            embedder.open()
+            with trio.move_on_after(120):
+                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": before + 1}:
+                    await trio.sleep(0.3)
+                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+            assert sc["index"] == {"embedded": 1.0, "notes": before + 1}, sc
+            assert sc["results"][0]["path"] == "Harbor rota.md", sc
+    leak.check()
+
+
 async def test_a_build_the_embedder_stopped_goes_on_by_itself_once_the_embedder_is_back(
         cru_bin: str, cru_env: dict[str, str], tmp_path: Path) -> None:
     """The embedder answering errors midway (an Ollama restarted, a server overloaded) stops
