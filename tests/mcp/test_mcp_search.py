@@ -6,12 +6,15 @@ import json
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import mcp_types as types
 import pytest
 import trio
 from conftest import LeakCheck, stdio_client, texts
+from mcp.client.client import Client
 
 from crucible.kiln.index import GROUP_NOTES, group_notes
 from mcp_bridge.kiln_api import shown_percent
@@ -111,6 +114,20 @@ def _index_worker_pids(kiln: Path) -> list[int]:
     return pids
 
 
+@asynccontextmanager
+async def gated_cru_mcp(cru_bin: str, kiln: Path, cru_env: dict[str, str], query: str, *, batch_size: int,
+                        more: str = "") -> AsyncIterator[tuple[Client, GatedEmbedder]]:
+    """`cru mcp` on `kiln` with the gated HTTP embedder (`query` answered at once, the build's
+    requests held), once the build's first request reached it."""
+    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
+        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(embedder.config_toml(batch_size=batch_size) + ("\n" + more if more else ""))
+        async with stdio_client(cru_bin, kiln, cru_env) as c:
+            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
+            yield c, embedder
+
+
 async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
         cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str], tmp_path: Path) -> None:
     """The index worker killed (kill -9, as the OOM killer does) once some notes are embedded:
@@ -119,49 +136,41 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
     `cru kiln index` in another terminal then embeds the rest, and the session takes it on."""
     query = "feeding the sourdough starter"
     leak = LeakCheck(tmp_path, mcp_kiln)
-    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
-        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(embedder.config_toml(batch_size=4))
-        async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
-            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
-            allowed = 0
-            with trio.fail_after(120):
-                while True:  # a request at a time, each once the one before was answered, until some are written
-                    if embedder.answered >= allowed:  # (permits piled up let the build end before the kill)
-                        embedder.allow(1)
-                        allowed += 1
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-                    sc = r.structured_content
-                    assert sc is not None and "stopped" not in sc["index"], sc
-                    if sc["index"]["embedded"] > 0:
-                        break
-                    await trio.sleep(0.3)
-            workers = _index_worker_pids(mcp_kiln)
-            assert len(workers) == 1, workers
-            os.kill(workers[0], signal.SIGKILL)
-            with trio.fail_after(60):
-                while "stopped" not in (sc := r.structured_content or {})["index"]:
-                    await trio.sleep(0.3)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert not r.is_error and sc["results"], texts(r)
-            index = sc["index"]
-            assert 0 < index["embedded"] < 1 and "problem" not in index, index
-            assert index["stopped"] == "the indexing worker was killed by SIGKILL, as when memory runs out", index
-            assert sc["notice"] == (f"Index: {shown_percent(index['embedded'])}% of the kiln's {index['notes']} notes are "
-                                    f"embedded; the index's build stopped ({index['stopped']}): the others were "
-                                    "matched by their words only (`cru kiln index` embeds them).")
-            assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
-            # The rest embedded by `cru kiln index` in another terminal: the session takes it on.
-            embedder.open()
-            done = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(mcp_kiln)],
-                                          env=cru_env, capture_stdout=True, capture_stderr=True)
-            assert done.returncode == 0, done.stderr
-            with trio.fail_after(60):
-                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": index["notes"]}:
-                    await trio.sleep(0.3)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md", sc
+    async with gated_cru_mcp(cru_bin, mcp_kiln, cru_env, query, batch_size=4) as (c, embedder):
+        with trio.fail_after(120):
+            while True:  # a request at a time, until some are written
+                embedder.pace()
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                sc = r.structured_content
+                assert sc is not None and "stopped" not in sc["index"], sc
+                if sc["index"]["embedded"] > 0:
+                    break
+                await trio.sleep(0.3)
+        workers = _index_worker_pids(mcp_kiln)
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGKILL)
+        with trio.fail_after(60):
+            while "stopped" not in (sc := r.structured_content or {})["index"]:
+                await trio.sleep(0.3)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert not r.is_error and sc["results"], texts(r)
+        index = sc["index"]
+        assert 0 < index["embedded"] < 1 and "problem" not in index, index
+        assert index["stopped"] == "the indexing worker was killed by SIGKILL, as when memory runs out", index
+        assert sc["notice"] == (f"Index: {shown_percent(index['embedded'])}% of the kiln's {index['notes']} notes are "
+                                f"embedded; the index's build stopped ({index['stopped']}): the others were "
+                                "matched by their words only (`cru kiln index` embeds them).")
+        assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
+        # The rest embedded by `cru kiln index` in another terminal: the session takes it on.
+        embedder.open()
+        done = await trio.run_process([cru_bin, "kiln", "index", "--kiln", str(mcp_kiln)],
+                                      env=cru_env, capture_stdout=True, capture_stderr=True)
+        assert done.returncode == 0, done.stderr
+        with trio.fail_after(60):
+            while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": index["notes"]}:
+                await trio.sleep(0.3)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert "notice" not in sc and sc["results"][0]["path"] == "Cooking/Sourdough starter.md", sc
     leak.check()
 
 
@@ -172,42 +181,34 @@ async def test_a_note_written_while_the_index_builds_is_counted_before_the_build
     build's next step, as not embedded yet, then embedded after the build."""
     query = "quayside lamplighter rota"
     leak = LeakCheck(tmp_path, mcp_kiln)
-    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
-        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(embedder.config_toml(batch_size=4))
-        async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
-            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
-            r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert r.structured_content is not None
-            before = r.structured_content["index"]["notes"]
-            (mcp_kiln / "Harbor rota.md").write_text("# Harbor rota\n\nThe quayside lamplighter rota for winter.\n")
-            with trio.fail_after(60):  # the session's watcher reads it
-                while True:
-                    sc = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3})).structured_content or {}
-                    if "Harbor rota.md" in [hit["path"] for hit in sc["results"]]:
-                        break
-                    await trio.sleep(0.3)
-            assert sc["index"] == {"embedded": 0.0, "notes": before}, sc  # the build's count, until its next step
-            allowed = 0
-            with trio.fail_after(120):  # the build goes on, a request at a time
-                while sc["index"]["notes"] != before + 1:
-                    if embedder.answered >= allowed:
-                        embedder.allow(1)
-                        allowed += 1
-                    await trio.sleep(0.3)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-                    sc = r.structured_content or {}
-            assert sc["index"]["embedded"] < 1, sc  # still building: counted by the build's step
-            assert sc["notice"].startswith(f"Index: {shown_percent(sc['index']['embedded'])}% of the kiln's "
-                                           f"{before + 1} notes are embedded so far"), sc["notice"]
-            embedder.open()
-            with trio.move_on_after(120):
-                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": before + 1}:
-                    await trio.sleep(0.3)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert sc["index"] == {"embedded": 1.0, "notes": before + 1}, sc
-            assert sc["results"][0]["path"] == "Harbor rota.md", sc
+    async with gated_cru_mcp(cru_bin, mcp_kiln, cru_env, query, batch_size=4) as (c, embedder):
+        r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert r.structured_content is not None
+        before = r.structured_content["index"]["notes"]
+        (mcp_kiln / "Harbor rota.md").write_text("# Harbor rota\n\nThe quayside lamplighter rota for winter.\n")
+        with trio.fail_after(60):  # the session's watcher reads it
+            while True:
+                sc = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3})).structured_content or {}
+                if "Harbor rota.md" in [hit["path"] for hit in sc["results"]]:
+                    break
+                await trio.sleep(0.3)
+        assert sc["index"] == {"embedded": 0.0, "notes": before}, sc  # the build's count, until its next step
+        with trio.fail_after(120):  # the build goes on, a request at a time
+            while sc["index"]["notes"] != before + 1:
+                embedder.pace()
+                await trio.sleep(0.3)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                sc = r.structured_content or {}
+        assert sc["index"]["embedded"] < 1, sc  # still building: counted by the build's step
+        assert sc["notice"].startswith(f"Index: {shown_percent(sc['index']['embedded'])}% of the kiln's "
+                                       f"{before + 1} notes are embedded so far"), sc["notice"]
+        embedder.open()
+        with trio.move_on_after(120):
+            while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": before + 1}:
+                await trio.sleep(0.3)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert sc["index"] == {"embedded": 1.0, "notes": before + 1}, sc
+        assert sc["results"][0]["path"] == "Harbor rota.md", sc
     leak.check()
 
 
@@ -226,45 +227,38 @@ async def test_a_build_the_embedder_stopped_goes_on_by_itself_once_the_embedder_
     size = group_notes(notes)
     query = "lantern uniqueword7"
     leak = LeakCheck(tmp_path, kiln)
-    with GatedEmbedder(answer_at_once=lambda texts: texts == [query]) as embedder:
-        config = Path(cru_env["XDG_CONFIG_HOME"]) / "crucible" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(embedder.config_toml(batch_size=32) + "\n[index]\nretry_secs = 2\n")
-        async with stdio_client(cru_bin, kiln, cru_env) as c:
-            assert await trio.to_thread.run_sync(embedder.requested.wait, 60)
-            allowed = 0
-            with trio.fail_after(120):
-                while True:  # a request at a time, each once the one before was answered, until some are written
-                    if embedder.answered >= allowed:
-                        embedder.allow(1)
-                        allowed += 1
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-                    if (r.structured_content or {})["index"]["embedded"] > 0:
-                        break
-                    await trio.sleep(0.3)
-            # The rest fails (searches by meaning go on: their queries are answered).
-            embedder.fail(503, '{"error": "model is loading"}', queries_too=False)
-            with trio.fail_after(60):
-                while "stopped" not in (sc := r.structured_content or {})["index"]:
-                    await trio.sleep(0.3)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert "HTTP 503" in sc["index"]["stopped"] and 0 < sc["index"]["embedded"] < 1, sc["index"]
-            missing = notes - round(sc["index"]["embedded"] * notes)
-            assert missing % size == 0 or missing < size, (missing, size)  # groups written whole
-            tries = embedder.requests
-            await trio.sleep(5)  # tried again meanwhile (after 2 s, then 4 s): stopped again, still said so
-            r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert embedder.requests > tries and "stopped" in (r.structured_content or {})["index"]
-            texts_before = embedder.texts
-            embedder.mend()
-            embedder.open()
-            with trio.fail_after(90):  # the next try (8 s at most after the last) embeds the rest
-                while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": notes}:
-                    await trio.sleep(0.5)
-                    r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
-            assert "notice" not in sc and sc["results"][0]["path"] == "part-0/note-007.md", sc
-            # Only what was missing was embedded again (the failed tries asked one batch each).
-            assert embedder.texts - texts_before <= missing + 32, (embedder.texts, texts_before, missing)
+    async with gated_cru_mcp(cru_bin, kiln, cru_env, query, batch_size=32,
+                             more="[index]\nretry_secs = 2\n") as (c, embedder):
+        with trio.fail_after(120):
+            while True:  # a request at a time, until some are written
+                embedder.pace()
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+                if (r.structured_content or {})["index"]["embedded"] > 0:
+                    break
+                await trio.sleep(0.3)
+        # The rest fails (searches by meaning go on: their queries are answered).
+        embedder.fail(503, '{"error": "model is loading"}', queries_too=False)
+        with trio.fail_after(60):
+            while "stopped" not in (sc := r.structured_content or {})["index"]:
+                await trio.sleep(0.3)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert "HTTP 503" in sc["index"]["stopped"] and 0 < sc["index"]["embedded"] < 1, sc["index"]
+        missing = notes - round(sc["index"]["embedded"] * notes)
+        assert missing % size == 0 or missing < size, (missing, size)  # groups written whole
+        tries = embedder.requests
+        await trio.sleep(5)  # tried again meanwhile (after 2 s, then 4 s): stopped again, still said so
+        r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert embedder.requests > tries and "stopped" in (r.structured_content or {})["index"]
+        texts_before = embedder.texts
+        embedder.mend()
+        embedder.open()
+        with trio.fail_after(90):  # the next try (8 s at most after the last) embeds the rest
+            while (sc := r.structured_content or {})["index"] != {"embedded": 1.0, "notes": notes}:
+                await trio.sleep(0.5)
+                r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
+        assert "notice" not in sc and sc["results"][0]["path"] == "part-0/note-007.md", sc
+        # Only what was missing was embedded again (the failed tries asked one batch each).
+        assert embedder.texts - texts_before <= missing + 32, (embedder.texts, texts_before, missing)
     leak.check()
 
 
