@@ -608,9 +608,9 @@ class BackgroundIndex:
                         self._set(phase="ready", embedded=share, notes=notes, problem=None, force=True)
                     shown = False
                 elif self._index.has_queued() and not self._index.writing_here():
-                    # Left by the watcher to a holder of the lock that was not an update (a
-                    # search opening the store again as the worker ended): theirs to embed now,
-                    # not at the next change ("embedded so far" stayed below 100% for good).
+                    # Changed notes the watcher left to the lock's holder when that was no
+                    # update (a search opening the store again as the worker ended): embedded
+                    # here, not at the next change ("embedded so far" stayed below 100%).
                     self._index.update_paths([])
                 elif self._state.phase == "failed" and not self._search_broke:
                     # Stopped midway: finished since by an update too quick to be seen running
