@@ -515,7 +515,8 @@ class BackgroundIndex:
                 self._index.follow_store(writer_killed=self.mode == "process")
                 embedded, notes = self.share()
             except Exception:  # (what broke the build may break this read too: the progress's share)
-                embedded, notes = self.state().embedded, self.state().notes
+                state = self.state()
+                embedded, notes = state.embedded, state.notes
             if embedded >= 1.0:  # it stopped after its last write: nothing is missing
                 log.info("the index's build stopped (%s) with every note embedded", exc.message)
                 self._set(phase="ready", embedded=embedded, notes=notes, problem=None, force=True)

@@ -331,12 +331,11 @@ def wrap_indented(fragments: Fragments, width: int) -> list[Fragments]:
     """`wrap`, with the rows a long indented line breaks into all under its first: a tool's
     output (indented by two under its title) stays apart from the title when the screen breaks
     it. An indent of half the width or more is wrapped as it is."""
+    rows = wrap(fragments, width)
     text = "".join([t for _, t in fragments])
     indent = len(text) - len(text.lstrip(" "))
-    if indent == 0 or indent * 2 >= width or text.strip(" ") == "":
-        return wrap(fragments, width)
+    if len(rows) == 1 or indent == 0 or indent * 2 >= width or text.strip(" ") == "":
+        return rows
     rows = wrap(_slice(fragments, indent, len(text)), width - indent)
-    if len(rows) == 1:
-        return wrap(fragments, width)
     pad = (fragments[0][0], " " * indent)
     return [[pad, *row] for row in rows]

@@ -111,6 +111,11 @@ class StatusBar:
         """`indexing 34%` while the kiln's notes are being embedded, `index failed: why`, or
         None (ready, or nothing to show yet: while it opens it is not known to be incomplete).
         `short`: without the why (the chat has said it whole)."""
+        texts = self.index_texts()
+        return None if texts is None else texts[1] if short else texts[0]
+
+    def index_texts(self) -> tuple[str, str] | None:
+        """`index_text` whole and short, from one read of the index's state."""
         if self._index_backend is None:
             return None
         state = self._index_backend.index_state()
@@ -122,14 +127,16 @@ class StatusBar:
             if len(problem) > INDEX_PROBLEM_CHARS:
                 problem = problem[:INDEX_PROBLEM_CHARS - 1] + "…"
             shown = f"indexing stopped at {state.percent}%" if state.stopped_midway else "index failed"
-            return shown if short else f"{shown}: {problem}"
+            return f"{shown}: {problem}", shown
         if state.phase in ("embedding", "waiting") and state.embedded < 1.0:
             percent = state.percent
             if state.phase != "waiting":
-                return f"indexing {percent}%"
-            if state.stopped_writer is not None:  # it never goes on by itself: say how
-                return f"indexing {percent}% (another cru, stopped: kill -CONT {state.stopped_writer})"
-            return f"indexing {percent}% (another cru)"
+                text = f"indexing {percent}%"
+            elif state.stopped_writer is not None:  # it never goes on by itself: say how
+                text = f"indexing {percent}% (another cru, stopped: kill -CONT {state.stopped_writer})"
+            else:
+                text = f"indexing {percent}% (another cru)"
+            return text, text
         return None
 
     # -- drawing ------------------------------------------------------------------------
@@ -159,16 +166,14 @@ class StatusBar:
         if self.cost is not None:
             usage.append(f"{self.cost[0]:.4f} {self.cost[1]}")
         # The index last: the session's own state comes first on a narrow screen.
-        index = self.index_text()
+        index, short = self.index_texts() or (None, None)
         flash = f" {self.flash} " if self.flash and time.monotonic() < self.flash_until else ""
 
         def joined() -> str:
             return " " + " │ ".join(parts + usage + ([index] if index is not None else []))
 
-        text, short = joined(), None
+        text = joined()
         while width is not None and get_cwidth(flash + text) > width:
-            if short is None and index is not None:
-                short = self.index_text(short=True)
             if index != short:
                 index = short
             elif usage:
