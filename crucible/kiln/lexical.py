@@ -1188,7 +1188,9 @@ class LexicalIndex:
                     counts.pop(term, None)
             for term, n in new.items():
                 counts[term] = counts.get(term, 0) + n
-            length = self.bm25.length(path) + sum(new.values()) - sum(old.values())
+            # (never below 0: a saved index damaged where lengths are kept can load with lengths
+            # that do not hold the link terms taken off; saved negative, it would be refused)
+            length = max(0, self.bm25.length(path) + sum(new.values()) - sum(old.values()))
             self.bm25.add_counts(path, counts, length, deferred=deferred)
             if new:
                 self._incoming[path] = new
