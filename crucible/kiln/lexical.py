@@ -22,7 +22,8 @@ joined by "-", "_" or "." ("cap-add", "session_id", "config.toml") are also one 
 ("capadd"), as a developer remembers an identifier whole (`_TOKEN`); a camelCase or PascalCase
 name ("sessionId", "HTTPServer") has the terms of the same name written with "_" (`_fold`), and
 is one word of its note's length; typed whole in a query, it is its whole term alone when a
-note holds it (`LexicalIndex.query_terms`).
+note holds it (`LexicalIndex.query_terms`), and typed as its words apart ("session config rpc"),
+their term run together joins the query beside them (`joined_terms`).
 
 Each section of a note (the text under one heading) is also a document of its own, carrying
 the note's title, its heading path and the note's description, as it is embedded: a note
@@ -109,6 +110,7 @@ _WORD = re.compile(r"[^\W_]+")
 # same word written solid ("re-indexed" and "reindexed" are both "reindex").
 _TOKEN = re.compile(r"[^\W_]++(?:[-_.][^\W_]++)*")
 _JOINED = re.compile(r"(?<=[^\W_])[-_.](?=[^\W_])")
+JOINED_MAX_WORDS = 4  # the most words of a query `LexicalIndex.joined_terms` runs together
 MAX_COMPOUND_CHARS = 64  # longer runs (a hash, a path, a hostile line) are their parts alone
 # Where a camelCase or PascalCase name changes words: after a lower-case letter before a capital
 # ("session|Id"), and after an acronym before a word ("HTTP|Server"); never one letter off
@@ -1228,13 +1230,42 @@ class LexicalIndex:
         (`GraduationState`) is that term alone: the person remembers the exact name, and its
         parts ("state") match every note about them, ranking a long note that holds the name once
         below them all. A name no note holds is its words, to find what holds them. (Words joined
-        by "-" keep their parts: "one-off", "built-in" are prose whose words help.)"""
+        by "-" keep their parts: "one-off", "built-in" are prose whose words help.) A name typed
+        as its words apart adds its term (`joined_terms`) beside them, as a compound's own term
+        is beside its words: one term more, not more weight (counted as the words it joins, it
+        ranked prose queries worse by words alone: bench/search.py)."""
         terms: list[str] = []
         for token in map(_fold, _TOKEN.findall(query)):
             parts = terms_of(token)
             name = _CAMEL_MARK in token and not _JOINER.search(token)  # (`_fold` marks short names only)
             terms += parts[-1:] if name and self.bm25.holds(parts[-1]) else parts
-        return terms
+        return terms + [term for term in self.joined_terms(query) if term not in terms]
+
+    def joined_terms(self, query: str) -> list[str]:
+        """The terms of a query's neighbouring words run together that some note holds as one
+        name ("session config rpc" of `SessionConfigRpc`, "open router" of "OpenRouter", "work
+        tree" of "worktree"): a person who remembers a name's words types them apart. Longest
+        runs first, no word in two; a run spans two tokens or more (a token's own words are its
+        compound term already)."""
+        words = [(w, n) for n, token in enumerate(_TOKEN.findall(query)) for w in _WORD.findall(_fold(token))]
+        taken: set[int] = set()
+        found: list[str] = []
+        for size in range(min(JOINED_MAX_WORDS, len(words)), 1, -1):
+            for start in range(len(words) - size + 1):
+                run = [w for w, _ in words[start:start + size]]
+                joined = "".join(run)
+                # Not "set up", "a head", "built in", "system's": a run begins and ends with a
+                # word that means something and holds no letter alone.
+                if (words[start][1] == words[start + size - 1][1] or taken.intersection(range(start, start + size))
+                        or len(joined) > MAX_COMPOUND_CHARS or run[0] in _STOPWORDS or run[-1] in _STOPWORDS
+                        or any(len(w) == 1 for w in run)):
+                    continue
+                term = _stem(joined)
+                if self.bm25.holds(term):
+                    taken.update(range(start, start + size))
+                    if term not in found:
+                        found.append(term)
+        return found
 
     def literal_share(self, query: str) -> float:
         """The share of the query's words that sit in a compound some note holds whole

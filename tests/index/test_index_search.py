@@ -808,7 +808,7 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
         "Sessions.md": "# Sessions\n\nA session is shown in the bar while it is active.\n",
         "Phones.md": "# Phones\n\nThe app runs on iOS and speaks IPv4 only.\n",
         # a long note that names it once, and short ones about its words
-        "Architecture.md": "# Component architecture\n\n" + "The renderer draws each frame from the model. " * 60
+        "Architecture.md": "# Component architecture\n\n" + "The renderer draws each frame from the model. " * 30
                            + "A draft becomes a note through `GraduationState`.\n",
         "State.md": "# State\n\nThe state of a machine: each state and the next state.\n",
         "Graduation.md": "# Graduation\n\nThe graduation day, and the graduation ceremony after it.\n",
@@ -845,6 +845,45 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
         # both notes that hold it, as `isLoading` or `is_loading`, come before any other
         assert ix.literal_share("isLoading") == 1.0
         assert {r.path for r in hybrid_search(ix, "isLoading", 5)[:2]} == {"Web stories.md", "Loader.md"}
+    finally:
+        ix.close()
+
+
+def test_a_name_typed_as_its_words_apart_finds_the_note_that_holds_it_whole(tmp_path: Path) -> None:
+    """A developer remembers `SessionConfigRpc` as "session config rpc", or "OpenRouter" as "open
+    router": the query's neighbouring words run together are the name's term, so the note that
+    holds the name (among other things) comes before the short notes that hold its words apart. Words that run together are another word ("set up", "a
+    head", "system's") add nothing."""
+    root = tmp_path / "kiln"
+    root.mkdir()
+    notes = {
+        "Product.md": "# Product\n\n" + "The renderer draws each frame from the model. " * 3
+                      + "The daemon answers `SessionConfigRpc` with the current settings.\n",
+        "Sessions.md": "# Sessions\n\nA session keeps its config while it runs, and a session ends when you leave.\n",
+        "Settings.md": "# Settings\n\nThe config file holds the keys of each session.\n",
+        "Calls.md": "# Calls\n\nEvery rpc is a request and a reply, sent over a pipe.\n",
+        "Providers.md": "# Providers\n\nA provider serves models over HTTP; one of them is OpenRouter.\n",
+        "Setup.md": "# Setup\n\nThe setup runs once; plan ahead.\n",
+    }
+    # what else a kiln holds: the name's term is rare among many notes, as it is in a real one
+    notes |= {f"Walk {i}.md": f"# Walk {i}\n\nBy the river on day {i}, with the dog.\n" for i in range(40)}
+    for name, text in notes.items():
+        (root / name).write_text(text, encoding="utf-8")
+    lex = LexicalIndex()
+    lex.refresh(root)
+    for query, note in [("session config rpc", "Product.md"), ("the session config rpc reply", "Product.md"),
+                        ("SessionConfigRpc", "Product.md")]:
+        assert [p for p, _ in lex.search(query, 3)][0] == note, query
+    assert lex.query_terms("where is the session config rpc") == ["session", "config", "rpc", "sessionconfigrpc"]
+    # each word is in one run only (not "sessionconfig" beside it); a name typed whole is its own
+    # term already
+    assert lex.joined_terms("SessionConfigRpc") == [] and lex.joined_terms("open router") == ["openrout"]
+    for phrase in ["set up the kiln", "plan a head", "the system's setup"]:
+        assert lex.joined_terms(phrase) == [], phrase
+    ix = KilnIndex.open(root, Config())
+    try:
+        ix.update()
+        assert hybrid_search(ix, "session config rpc", 3)[0].path == "Product.md"
     finally:
         ix.close()
 
