@@ -154,8 +154,11 @@ class AgentLoop:
                     ui.agent_alive = True
                     pipeline = Pipeline(session, [ui.feed])
                     if first and not ui.opts.resume:  # what a new user needs to find the rest
-                        ui.notice(f"{ui.opts.agent.name} · kiln {shown_path(ui.opts.kiln)} · /help: commands and "
-                                  "keys · @: attach a note · Ctrl-D: leave")
+                        # (each part's spaces non-breaking: a narrow screen breaks the line
+                        # between its parts, not in "Ctrl-D: | leave")
+                        parts = ["/help: commands and keys", "@: attach a note", "Ctrl-D: leave"]
+                        ui.notice(" · ".join([f"{ui.opts.agent.name}", f"kiln {shown_path(ui.opts.kiln)}",
+                                              *(part.replace(" ", "\u00a0") for part in parts)]))
                     for warning in session.warnings:
                         ui.notice(f"warning: {warning}")
                     ui.status.state = "ready"

@@ -83,6 +83,18 @@ def test_a_new_chat_says_where_it_is_and_how_to_find_the_rest_a_resumed_one_does
     leave(screen)
 
 
+@pytest.mark.parametrize("cols", [52, 64, 78, 90])
+def test_a_new_chats_first_line_breaks_between_its_parts_on_a_narrow_screen(tui: TuiRunner, cols: int) -> None:
+    """At 90 columns the line read "... · Ctrl-D:" and "leave" on the next row: each part stays
+    on one row, the line breaking between them."""
+    screen = tui.open({"prompts": []}, cols=cols)
+    shown = screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    rows = [" ".join(row.split()) for row in shown.splitlines()]  # (its spaces are non-breaking)
+    for part in ["/help: commands and keys", "@: attach a note", "Ctrl-D: leave"]:
+        assert any(part in row for row in rows), (part, shown)
+    leave(screen)
+
+
 def test_no_color_keeps_the_diff_readable_without_colour(tui: TuiRunner) -> None:
     screen = tui.open(load_script("stream.json"), env={"NO_COLOR": "1"})
     screen.wait_for("ready")
