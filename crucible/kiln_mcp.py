@@ -330,6 +330,8 @@ class CrucibleKilnBackend:
             share = self._share(follow=False)
             if (state := background.state()).phase == "failed" and state.problem:  # a build that stopped midway
                 share.stopped = self.redact(state.problem)
+                if (wait := background.retry_due_in()) is not None:
+                    share.retry_in = max(1, round(wait))  # (due now: the try is starting)
             if not by_meaning and share.embedded > 0:
                 background.load_query_embedder(after=MODEL_LOAD_DELAY)
             return RankedResults(results=hits, index=share)

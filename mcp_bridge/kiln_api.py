@@ -109,6 +109,12 @@ def shown_percent(share: float) -> int:
     return int(share * 100 + 1e-6)
 
 
+def shown_duration(seconds: float) -> str:
+    """A wait as every place says it: seconds under a minute, else whole minutes."""
+    minutes = round(seconds / 60)
+    return f"{round(seconds)} s" if minutes < 1 else "1 minute" if minutes == 1 else f"{minutes} minutes"
+
+
 class IndexShare(_Model):
     """How much of the kiln a ranked search could search by meaning."""
 
@@ -120,11 +126,13 @@ class IndexShare(_Model):
     stopped: str | None = Field(default=None, description="why the index's build stopped before every note was "
                                                          "embedded (the embedded ones are searched by meaning, the "
                                                          "rest by their words); absent while it builds or is done")
+    retry_in: int | None = Field(default=None, description="with `stopped`: seconds until this session tries the build "
+                                                           "again by itself (absent when it will not)")
 
     @model_serializer(mode="wrap")
     def _without_no_problem(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in ("problem", "stopped"):
+        for key in ("problem", "stopped", "retry_in"):
             if data.get(key) is None:
                 data.pop(key, None)  # {"embedded", "notes"} as before, on every usable index
         return data
@@ -156,9 +164,11 @@ class RankedResults(SearchResults):
         if self.index.embedded >= 1.0:
             return None
         if self.index.stopped is not None:
+            again = (f"this session tries the build again in {shown_duration(self.index.retry_in)}, or "
+                     if self.index.retry_in is not None else "")
             return (f"Index: {shown_percent(self.index.embedded)}% of the kiln's {self.index.notes} notes are embedded; the "
                     f"index's build stopped ({self.index.stopped}): the others were matched by their words "
-                    "only (`cru kiln index` embeds them).")
+                    f"only ({again}`cru kiln index` embeds them).")
         return (f"Index: {shown_percent(self.index.embedded)}% of the kiln's {self.index.notes} notes are embedded so "
                 "far; the others were matched by their words only (the index builds in the background).")
 

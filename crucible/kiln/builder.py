@@ -48,7 +48,7 @@ from crucible.kiln.writer_status import (
     stopped_hint,
     wait_while_stopped,
 )
-from mcp_bridge.kiln_api import shown_percent
+from mcp_bridge.kiln_api import shown_duration, shown_percent
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class IndexState:
     def failure_text(self, problem: str) -> str:
         """A failed build said once to the person (`cru acp`'s notice, `cru chat`'s transcript):
         why, and what it means for searching; `problem`: the reason, redacted for showing."""
-        again = f"It is tried again in {_duration(self.retry_in)}" if self.retry_in else ""
+        again = f"It is tried again in {shown_duration(self.retry_in)}" if self.retry_in else ""
         if self.stopped_midway:
             return (f"indexing the kiln stopped at {self.percent}% ({problem}); searching the "
                     "kiln matches the notes embedded so far by meaning too, the others by words only. "
@@ -121,11 +121,6 @@ class IndexState:
 
 
 StateFn = Callable[[IndexState], None]
-
-
-def _duration(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{round(seconds)} s" if minutes < 1 else "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
 def _worker_end(code: int) -> str:
@@ -279,6 +274,12 @@ class BackgroundIndex:
     def state(self) -> IndexState:
         with self._state_lock:
             return self._state
+
+    def retry_due_in(self) -> float | None:
+        """Seconds until this session tries a build that stopped midway again; None when it
+        will not (none stopped, or `[index] retry_secs = 0`)."""
+        at = self._retry_at
+        return None if at is None else max(0.0, at - time.monotonic())
 
     def subscribe(self, fn: StateFn) -> Callable[[], None]:
         """Call `fn(state)` on each change (from the indexing thread: make it thread-safe).

@@ -17,7 +17,7 @@ from conftest import LeakCheck, stdio_client, texts
 from mcp.client.client import Client
 
 from crucible.kiln.index import GROUP_NOTES, group_notes
-from mcp_bridge.kiln_api import shown_percent
+from mcp_bridge.kiln_api import shown_duration, shown_percent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures"))
 from gated_embedder import GatedEmbedder  # noqa: E402
@@ -157,9 +157,12 @@ async def test_a_build_stopped_midway_is_searched_as_far_as_it_got_and_says_so(
         index = sc["index"]
         assert 0 < index["embedded"] < 1 and "problem" not in index, index
         assert index["stopped"] == "the indexing worker was killed by SIGKILL, as when memory runs out", index
+        # tried again by itself after `[index] retry_secs` (60 s by default), and said so
+        assert 1 <= index["retry_in"] <= 60, index
         assert sc["notice"] == (f"Index: {shown_percent(index['embedded'])}% of the kiln's {index['notes']} notes are "
                                 f"embedded; the index's build stopped ({index['stopped']}): the others were "
-                                "matched by their words only (`cru kiln index` embeds them).")
+                                "matched by their words only (this session tries the build again in "
+                                f"{shown_duration(index['retry_in'])}, or `cru kiln index` embeds them).")
         assert [b.text for b in r.content if isinstance(b, types.TextContent)][1] == sc["notice"]
         # The rest embedded by `cru kiln index` in another terminal: the session takes it on.
         embedder.open()
@@ -243,6 +246,8 @@ async def test_a_build_the_embedder_stopped_goes_on_by_itself_once_the_embedder_
                 await trio.sleep(0.3)
                 r = leak(await c.call_tool("semantic_search", {"query": query, "limit": 3}))
         assert "HTTP 503" in sc["index"]["stopped"] and 0 < sc["index"]["embedded"] < 1, sc["index"]
+        # (2 s after the first stop, twice that after each next: seen at the first, or a later one on a slow machine)
+        assert 1 <= sc["index"]["retry_in"] <= 8 and "tries the build again in" in sc["notice"], sc
         missing = notes - round(sc["index"]["embedded"] * notes)
         assert missing % size == 0 or missing < size, (missing, size)  # groups written whole
         tries = embedder.requests
