@@ -111,6 +111,9 @@ _WORD = re.compile(r"[^\W_]+")
 _TOKEN = re.compile(r"[^\W_]++(?:[-_.][^\W_]++)*")
 _JOINED = re.compile(r"(?<=[^\W_])[-_.](?=[^\W_])")
 JOINED_MAX_WORDS = 4  # the most words of a query `LexicalIndex.joined_terms` runs together
+# ... among its first JOINED_QUERY_WORDS (a name is typed in a short query; a hostile megabyte
+# of words would take seconds of stemming runs that are no name)
+JOINED_QUERY_WORDS = 64
 MAX_COMPOUND_CHARS = 64  # longer runs (a hash, a path, a hostile line) are their parts alone
 # Where a camelCase or PascalCase name changes words: after a lower-case letter before a capital
 # ("session|Id"), and after an acronym before a word ("HTTP|Server"); never one letter off
@@ -1246,8 +1249,13 @@ class LexicalIndex:
         name ("session config rpc" of `SessionConfigRpc`, "open router" of "OpenRouter", "work
         tree" of "worktree"): a person who remembers a name's words types them apart. Longest
         runs first, no word in two; a run spans two tokens or more (a token's own words are its
-        compound term already)."""
-        words = [(w, n) for n, token in enumerate(_TOKEN.findall(query)) for w in _WORD.findall(_fold(token))]
+        compound term already); among the query's first JOINED_QUERY_WORDS words."""
+        words: list[tuple[str, int]] = []
+        for n, token in enumerate(_TOKEN.finditer(query)):
+            words += [(w, n) for w in _WORD.findall(_fold(token.group()))]
+            if len(words) >= JOINED_QUERY_WORDS:
+                del words[JOINED_QUERY_WORDS:]
+                break
         taken: set[int] = set()
         found: list[str] = []
         for size in range(min(JOINED_MAX_WORDS, len(words)), 1, -1):
