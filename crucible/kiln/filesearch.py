@@ -36,6 +36,9 @@ from mcp_bridge.kiln_api import LineMatch, SearchHit
 
 SNIPPET_CHARS = 300
 MAX_LIMIT = 100
+# A page of text. Past it a query is no search (the embedder reads its first ~250 words anyway),
+# and a hostile megabyte of one took seconds of stemming and snippet scanning.
+MAX_QUERY_CHARS = 16_384
 # How long one text search may spend matching a regular expression (the tool timeout is 30 s).
 REGEX_BUDGET = 10.0
 # What str.splitlines ends a line at: a literal query holding none of them cannot span lines.
@@ -45,6 +48,10 @@ LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 def check_query(query: str, limit: int) -> None:
     if not query.strip():
         raise CrucibleError("the search query is empty", "give some words to search for")
+    if len(query) > MAX_QUERY_CHARS:
+        raise CrucibleError(f"the search query is {len(query):,} characters long; a search takes at most "
+                            f"{MAX_QUERY_CHARS:,}", "search for a few words or sentences: the key phrases of a "
+                            "passage, not the passage")
     check_limit(limit)
 
 

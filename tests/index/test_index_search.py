@@ -145,6 +145,12 @@ def test_empty_query_and_bad_limit(tiny_index: KilnIndex, tiny_kiln: Path) -> No
         semantic_search(tiny_index, "pasta", 0)
     with pytest.raises(CrucibleError, match="empty"):
         text_search(tiny_kiln, "")
+    # a page of text is a query; a megabyte is refused at once, saying what to search for instead
+    assert hybrid_search(tiny_index, "pasta " * (filesearch.MAX_QUERY_CHARS // 6), 5)
+    for search in (lambda q: hybrid_search(tiny_index, q, 5), lambda q: text_search(tiny_kiln, q)):
+        with pytest.raises(CrucibleError, match="1,000,000 characters long; a search takes at most 16,384") as err:
+            search("pasta" * 200_000)
+        assert "key phrases" in (err.value.fix or "")
 
 
 def test_text_search_literal_regex_case(tiny_kiln: Path) -> None:
