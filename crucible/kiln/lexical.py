@@ -1262,10 +1262,10 @@ class LexicalIndex:
             for start in range(len(words) - size + 1):
                 run = [w for w, _ in words[start:start + size]]
                 joined = "".join(run)
-                # Not "set up", "a head", "built in", "system's": a run begins and ends with a
-                # word that means something and holds no letter alone.
+                # Not "a head", "system's", "in to": no letter alone, a word that means something.
+                # ("set up", "built in", "log in" join: "setup", "built-in", "login" are theirs.)
                 if (words[start][1] == words[start + size - 1][1] or taken.intersection(range(start, start + size))
-                        or len(joined) > MAX_COMPOUND_CHARS or run[0] in _STOPWORDS or run[-1] in _STOPWORDS
+                        or len(joined) > MAX_COMPOUND_CHARS or all(w in _STOPWORDS for w in run)
                         or any(len(w) == 1 for w in run)):
                     continue
                 term = _stem(joined)
