@@ -867,9 +867,9 @@ class KilnIndex:
         with self._lex_lock:
             return self.lexical().search(query, limit)
 
-    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+    def query_idf(self, query: str) -> dict[str, float]:
         with self._lex_lock:
-            return self.lexical().idf(terms)
+            return self.lexical().query_idf(query)
 
     def literal_share(self, query: str) -> float:
         with self._lex_lock:

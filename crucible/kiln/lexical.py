@@ -1225,8 +1225,9 @@ class LexicalIndex:
                 best[path] = score
         return [(p, -v) for v, p in heapq.nsmallest(limit, ((-v, p) for p, v in best.items()))]
 
-    def idf(self, terms: Iterable[str]) -> dict[str, float]:
-        return {t: self.bm25.idf(t) for t in terms}
+    def query_idf(self, query: str) -> dict[str, float]:
+        """The inverse document frequency of each of the query's terms (`query_terms`)."""
+        return {t: self.bm25.idf(t) for t in self.query_terms(query)}
 
     def query_terms(self, query: str) -> list[str]:
         """`tokenize(query)`, but a camelCase name typed whole that some note holds whole
@@ -1451,9 +1452,9 @@ class LexicalView:
         with self._lock:
             return self._lexical.search(query, limit)
 
-    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+    def query_idf(self, query: str) -> dict[str, float]:
         with self._lock:
-            return self._lexical.idf(terms)
+            return self._lexical.query_idf(query)
 
     def note_title(self, path: str) -> str | None:
         with self._lock:

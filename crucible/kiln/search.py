@@ -20,7 +20,6 @@ only one note has and a common one 0.95 / 0.88; 80 camelCase names one note has,
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -31,7 +30,7 @@ from crucible.errors import CrucibleError
 from crucible.kiln.chunking import StoredChunk, chunk_note
 from crucible.kiln.filesearch import SNIPPET_CHARS, check_query, property_search, text_search
 from crucible.kiln.late_interaction import PIECES_WEIGHT, RERANK_DEPTH, rerank
-from crucible.kiln.lexical import counts_of, min_max, tokenize
+from crucible.kiln.lexical import counts_of, min_max
 from crucible.kiln.notes import read_note
 from mcp_bridge.kiln_api import SearchHit
 
@@ -183,7 +182,7 @@ class Words(Protocol):
     root: Path
 
     def lexical_search(self, query: str, limit: int) -> list[tuple[str, float]]: ...
-    def idf(self, terms: Iterable[str]) -> dict[str, float]: ...
+    def query_idf(self, query: str) -> dict[str, float]: ...
     def note_title(self, path: str) -> str | None: ...
 
 
@@ -201,9 +200,10 @@ def _lexical_best_chunk(index: Words, path: str, query: str) -> StoredChunk | No
 
 
 def _most_words(texts: list[str], query: str, index: Words) -> int:
-    """The index of the text with the most weight of the query's words (the first if none)."""
-    terms = set(tokenize(query))
-    idf = index.idf(terms)
+    """The index of the text with the most weight of the query's words (the first if none), as a
+    search by words reads them: a name typed whole or as its words apart weighs as the name."""
+    idf = index.query_idf(query)
+    terms = set(idf)
     best, best_score = 0, 0.0
     for i, text in enumerate(texts):
         counts = counts_of(terms, text)

@@ -892,10 +892,22 @@ def test_a_name_typed_as_its_words_apart_finds_the_note_that_holds_it_whole(tmp_
     filler = "river " * (lexical.JOINED_QUERY_WORDS - 3)
     assert lex.joined_terms(filler + "session config rpc") == ["sessionconfigrpc"]
     assert lex.joined_terms(filler + "dog session config rpc") == []
+    # The snippet is the section that holds the name, not the one with most of its words apart
+    # (by words alone, while the note is not embedded yet, and from its stored chunks after).
+    (root / "Daemon.md").write_text(
+        "# Daemon\n\n## Sessions\n\nEach session has a config: the session config is read when a session "
+        "starts, and a session reads its config again on reload.\n\n## Calls\n\nIt answers `SessionConfigRpc` "
+        "with the current settings.\n", encoding="utf-8")
+    lex.refresh(root)
+    found = {r.path: r for r in search_module.words_search(LexicalView(root, lex, threading.RLock()),
+                                                           "session config rpc", 5)}
+    assert "SessionConfigRpc" in found["Daemon.md"].snippet, found["Daemon.md"]
     ix = KilnIndex.open(root, Config())
     try:
         ix.update()
-        assert hybrid_search(ix, "session config rpc", 3)[0].path == "Product.md"
+        found = {r.path: r for r in hybrid_search(ix, "session config rpc", 5)}
+        assert set(list(found)[:2]) == {"Product.md", "Daemon.md"}  # the two that hold the name first
+        assert "SessionConfigRpc" in found["Daemon.md"].snippet and found["Daemon.md"].heading == "Daemon > Calls"
     finally:
         ix.close()
 
