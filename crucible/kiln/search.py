@@ -167,9 +167,10 @@ def _best_chunks(
     # index holds them when they are current (reading and chunking the file again cost up to
     # 35 ms for a note of 256 sections: most of a search's slowest answers); else from the file.
     stored = index.chroma.note_chunks(sorted(index.current_on_disk(by_words))) if by_words else {}
+    idf = index.query_idf(query) if by_words else {}
     for path in by_words:
         held = stored.get(path)
-        best = held[_most_words([c.text for c in held], query, index)] if held else _lexical_best_chunk(index, path, query)
+        best = held[_most_words([c.text for c in held], idf)] if held else _lexical_best_chunk(index, path, idf)
         if best is not None:
             out[path] = best
     return out
@@ -186,23 +187,23 @@ class Words(Protocol):
     def note_title(self, path: str) -> str | None: ...
 
 
-def _lexical_best_chunk(index: Words, path: str, query: str) -> StoredChunk | None:
-    """The chunk of the note on disk with the most weight of the query's words (its first if
-    none): for a note found by its words alone, perhaps not embedded yet."""
+def _lexical_best_chunk(index: Words, path: str, idf: dict[str, float]) -> StoredChunk | None:
+    """The chunk of the note on disk with the most weight of the query's terms (`idf`; its first
+    if none): for a note found by its words alone, perhaps not embedded yet."""
     try:
         note = read_note(index.root, path)
     except CrucibleError:  # gone or unreadable since it was indexed
         return None
     chunks = chunk_note(note)
-    best = chunks[_most_words([c.text for c in chunks], query, index)]
+    best = chunks[_most_words([c.text for c in chunks], idf)]
     return StoredChunk(path=path, ordinal=best.ordinal, heading=" > ".join(best.heading_path) or None,
                        line=best.start_line + 1, title=note.title, text=best.text)
 
 
-def _most_words(texts: list[str], query: str, index: Words) -> int:
-    """The index of the text with the most weight of the query's words (the first if none), as a
-    search by words reads them: a name typed whole or as its words apart weighs as the name."""
-    idf = index.query_idf(query)
+def _most_words(texts: list[str], idf: dict[str, float]) -> int:
+    """The index of the text with the most weight of the query's terms (the first if none): `idf`,
+    the query's terms as a search by words reads them (`Words.query_idf`: a name typed whole or as
+    its words apart weighs as the name)."""
     terms = set(idf)
     best, best_score = 0, 0.0
     for i, text in enumerate(texts):
@@ -263,7 +264,8 @@ def words_search(words: Words, query: str, limit: int = 10) -> list[SearchHit]:
     check_query(query, limit)
     lexical = lexical_ranking(words, query, max(FUSION_DEPTH, limit))
     top = fuse([], lexical, not_embedded={p for p, _ in lexical})[:limit]
-    best = {p: c for p, _ in top if (c := _lexical_best_chunk(words, p, query)) is not None}
+    idf = words.query_idf(query)
+    best = {p: c for p, _ in top if (c := _lexical_best_chunk(words, p, idf)) is not None}
     return _hits(words, top, best, query)
 
 

@@ -814,7 +814,7 @@ def test_a_camel_case_name_is_found_by_its_words_and_whole(tmp_path: Path) -> No
         "Sessions.md": "# Sessions\n\nA session is shown in the bar while it is active.\n",
         "Phones.md": "# Phones\n\nThe app runs on iOS and speaks IPv4 only.\n",
         # a long note that names it once, and short ones about its words
-        "Architecture.md": "# Component architecture\n\n" + "The renderer draws each frame from the model. " * 30
+        "Architecture.md": "# Component architecture\n\n" + "The renderer draws each frame from the model. " * 60
                            + "A draft becomes a note through `GraduationState`.\n",
         "State.md": "# State\n\nThe state of a machine: each state and the next state.\n",
         "Graduation.md": "# Graduation\n\nThe graduation day, and the graduation ceremony after it.\n",
