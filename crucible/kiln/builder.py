@@ -520,6 +520,7 @@ class BackgroundIndex:
                 embedded, notes = state.embedded, state.notes
             if embedded >= 1.0:  # it stopped after its last write: nothing is missing
                 log.info("the index's build stopped (%s) with every note embedded", exc.message)
+                self._retry_from_start()  # no try due, and the next stop waits the least
                 self._set(phase="ready", embedded=embedded, notes=notes, problem=None, force=True)
                 return
             self._set(phase="failed", problem=exc.message, embedded=embedded, retry_in=retry_in, force=True)

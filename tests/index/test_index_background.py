@@ -201,6 +201,38 @@ def test_a_partial_index_answers_by_words_and_says_how_far_it_is(tiny_kiln: Path
         ix.close()
 
 
+def test_a_build_that_fails_after_its_last_write_is_ready_not_stopped(
+    tiny_kiln: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that fails once every note is written (the worker killed as it exits, a last
+    save failing) missed nothing: the session is ready, the agent's search says nothing of a
+    stop, and no try is due (none was, before: a pointless retry was set, and the next real stop
+    waited twice as long)."""
+    real_update = KilnIndex.update
+
+    def fails_after_writing(index: KilnIndex, *args: Any, **kwargs: Any) -> Any:
+        real_update(index, *args, **kwargs)
+        raise CrucibleError("the indexing worker was killed by SIGKILL")
+
+    monkeypatch.setattr(KilnIndex, "update", fails_after_writing)
+    monkeypatch.setenv("CRUCIBLE_INDEX_MODE", "thread")
+    backend = CrucibleKilnBackend(tiny_kiln, Config())
+    try:
+        backend.start_indexing()
+        backend.open_index(lambda *_: None)
+        deadline = time.monotonic() + 120
+        while (state := backend.index_state()).phase != "ready":
+            assert time.monotonic() < deadline and state.phase != "failed", state
+            time.sleep(0.05)
+        assert state.embedded == 1.0 and state.problem is None, state
+        found = backend.semantic_search("chili flakes", 3)
+        assert found.index == IndexShare(embedded=1.0, notes=3) and found.summary_line() is None
+        assert found.results[0].path == "Cooking/Pasta.md"
+        assert backend._indexer().retry_due_in() is None
+    finally:
+        backend.close()
+
+
 def test_a_stopped_update_resumes_without_reembedding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(index_module, "GROUP_NOTES", 32)  # a small kiln in several groups
     root = tmp_path / "kiln"
