@@ -107,15 +107,15 @@ class StatusBar:
         self._index_failure_told = state.problem
         return str(state.failure_text(sanitize(self._index_backend.redact(state.problem or "see cru kiln info"))))
 
-    def index_text(self, short: bool = False) -> str | None:
+    def index_text(self) -> str | None:
         """`indexing 34%` while the kiln's notes are being embedded, `index failed: why`, or
-        None (ready, or nothing to show yet: while it opens it is not known to be incomplete).
-        `short`: without the why (the chat has said it whole)."""
+        None (ready, or nothing to show yet: while it opens it is not known to be incomplete)."""
         texts = self.index_texts()
-        return None if texts is None else texts[1] if short else texts[0]
+        return None if texts is None else texts[0]
 
     def index_texts(self) -> tuple[str, str] | None:
-        """`index_text` whole and short, from one read of the index's state."""
+        """`index_text`, and it short (without the why: the chat has said it whole, and the bar
+        shortens it first when it does not fit), from one read of the index's state."""
         if self._index_backend is None:
             return None
         state = self._index_backend.index_state()
