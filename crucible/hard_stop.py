@@ -26,7 +26,7 @@ import trio
 from acp_host.process import stop_all_now
 
 __all__ = ["ORPHAN_POLL", "exit_code", "received", "run_stoppable", "stop_now", "stop_on_signals",
-           "stop_when_orphaned"]
+           "stop_when_orphaned", "why_stopped"]
 
 # How often the parent pid is looked at (seconds): a cheap syscall.
 ORPHAN_POLL = 0.5
@@ -109,6 +109,19 @@ async def run_stoppable(main: Callable[..., Awaitable[Any]], *args: Any, orphan_
         nursery.cancel_scope.cancel()
     if error is not None:
         raise error
+
+
+def why_stopped() -> str | None:
+    """What stopped this process, as a transcript says it ("the terminal closed …"); None when
+    nothing did."""
+    if not received:
+        return None
+    why = received[0]
+    if why == signal.SIGHUP:
+        return "the terminal closed before the agent finished"
+    if isinstance(why, int):
+        return f"cru was stopped ({signal.Signals(why).name}) before the agent finished"
+    return "the program that started cru went away before the agent finished"
 
 
 def exit_code(default: int = 0) -> int:

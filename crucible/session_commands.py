@@ -16,6 +16,7 @@ from typing import Any
 
 from crucible.permissions import bridge_tool_name
 from crucible.session_store import (
+    INTERRUPTED,
     Conversation,
     SessionStore,
     conversation_line,
@@ -108,6 +109,8 @@ def render_markdown(conv: Conversation, records: Iterable[dict[str, Any]]) -> st
             lines.extend(["", f"*warning: {record.get('message', '')}*"])
         elif kind == "turn_end" and record.get("error"):
             lines.extend(["", f"**the turn failed:** {record['error']}"])
+        elif kind == "turn_end" and record.get("stop_reason") == INTERRUPTED:
+            lines.extend(["", f"*the turn was cut short: {record.get('why') or 'the session closed'}*"])
         elif kind == "turn_end" and record.get("stop_reason") not in (None, "end_turn"):
             # as the chat said it: a cancelled or cut-short answer is not read as a whole one
             reason = str(record["stop_reason"])

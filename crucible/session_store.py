@@ -44,6 +44,9 @@ _CHUNKED = ("agent_message", "agent_thought", "user_message")
 # Written through to the file at once (a prompt is whole; a tool call is where a crash hurts).
 _FLUSH_NOW = frozenset({"user_message", "tool_call", "permission", "terminal", "file_write", "turn_end",
                         "error", "warning"})
+# The stop reason of a turn that had not ended when its session closed (not an ACP stopReason:
+# the agent never said one). `SessionWriter.end_open_turn`.
+INTERRUPTED = "interrupted"
 # Streamed text reaches the file at most this long after it came (seconds).
 FLUSH_EVERY = 1.0
 
@@ -118,6 +121,7 @@ class SessionWriter:
         self.lock: IO[bytes] | None = None  # the entry's .lock, held while this writer is open
         self._unflushed_since: float | None = None  # monotonic time of the oldest unflushed write
         self._split: str | None = None  # a chunked event cut by a timed flush: the next one continues it
+        self._turn_open = False  # a prompt written and no turn_end after it yet
         if self._md.tell() == 0:
             self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
                            + (f" · card: {meta.card}" if meta.card else "") + f" · cwd: {meta.cwd}\n")
@@ -132,6 +136,10 @@ class SessionWriter:
 
     def append(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if kind == "user_message":
+            self._turn_open = True
+        elif kind == "turn_end":
+            self._turn_open = False
         if self._unflushed_since is None:
             self._unflushed_since = time.monotonic()
         if kind in _CHUNKED:
@@ -217,6 +225,13 @@ class SessionWriter:
         self._md.flush()
         self._unflushed_since = None
 
+    def end_open_turn(self, why: str) -> None:
+        """Say the last turn was cut short (`why`), if its prompt has no turn_end yet: a session
+        closed mid-turn (a closed terminal, SIGTERM, the editor gone) is then read back, listed
+        and counted as a turn that ended, not as a transcript that stops for no reason."""
+        if self._turn_open:
+            self.append({"type": "turn_end", "stop_reason": INTERRUPTED, "error": None, "why": why})
+
     def close(self) -> None:
         self._md.write(self._md_stream.end())
         self.flush()
@@ -242,6 +257,8 @@ def _md_line(event: Mapping[str, Any]) -> str:
             return f"- {what} `{event.get('what', '')}`: {end}"
         reason = f" ({event.get('reason')})" if event.get("reason") else ""
         return f"- {what} `{event.get('what', '')}`: {event.get('status', '')}{reason}"
+    if kind == "turn_end" and event.get("stop_reason") == INTERRUPTED:
+        return f"*turn cut short: {event.get('why', '')}*"
     if kind == "turn_end":
         return f"*turn ended: {event.get('stop_reason', '')}*"
     if kind == "resumed":

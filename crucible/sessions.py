@@ -38,6 +38,7 @@ from acp_host.registry import (
     known_defect,
     resolve_agent,
 )
+from crucible import hard_stop
 from crucible.errors import CrucibleError
 from crucible.permissions import (
     GATED_KINDS,
@@ -409,6 +410,7 @@ class CrucibleSession:
         finally:
             if self.nursery is not None:
                 self.nursery.cancel_scope.cancel()
+            self.writer.end_open_turn(hard_stop.why_stopped() or "the session closed before the agent finished")
             self.writer.close()
 
     # -- permissions ---------------------------------------------------------------------

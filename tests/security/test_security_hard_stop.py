@@ -137,9 +137,25 @@ def test_a_signal_stops_chat_p_and_its_agent_at_once(chat: Any, sig: signal.Sign
     assert took < STOP_BOUND, f"cru chat -p took {took:.1f} s to stop on {sig.name}"
     assert code == 128 + sig
     assert not _all_gone(tree, 2), "processes outlived cru"
-    # The transcript was closed properly on the way out.
+    # The transcript was closed properly on the way out, and says why the turn has no answer.
     events = (_session_folder(chat.env) / "events.jsonl").read_text()
     assert "and after it" in events
+    why = ("the terminal closed before the agent finished" if sig == signal.SIGHUP
+           else "cru was stopped (SIGTERM) before the agent finished")
+    assert _turn_cut_short(chat.env) == why
+
+
+def _turn_cut_short(env: dict[str, str]) -> str:
+    """Why the session's last turn was cut short, as its events and `cru session show` say it
+    (and it counts as a turn in `cru session list`)."""
+    folder = _session_folder(env)
+    last = json.loads((folder / "events.jsonl").read_text().splitlines()[-1])
+    assert last["type"] == "turn_end" and last["stop_reason"] == "interrupted", last
+    assert json.loads((folder / "session.json").read_text())["turns"] == 1
+    shown = subprocess.run([sys.executable, "-m", "crucible.cli", "session", "show", folder.name],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert f"*the turn was cut short: {last['why']}*" in shown.stdout, shown.stdout + shown.stderr
+    return str(last["why"])
 
 
 def _acp(cru_bin: str, env: dict[str, str], kiln: Path, tmp: Path) -> RawAcp:
@@ -342,6 +358,7 @@ def test_closing_the_terminal_of_the_interactive_chat_keeps_the_turn_and_says_no
     assert "Traceback" not in err.read_text()  # no error restoring a terminal that is gone
     events = (_session_folder(clean_env) / "events.jsonl").read_text()
     assert "my question, kept" in events and "and after it" in events
+    assert _turn_cut_short(clean_env) == "the terminal closed before the agent finished"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
