@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -85,6 +86,40 @@ _DECODER = json.JSONDecoder()
 # The decoder's own scanner, called directly (typeshed does not declare the attribute).
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _SKIP = object()  # sentinel: a line that carries no message
+# A UTF-16 surrogate alone: JSON's `\ud800` escape decodes to one, which no UTF-8 file,
+# pipe or terminal can take (a transcript write raised on it and lost the turn).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mend_surrogates(obj: Any) -> Any:
+    """`obj` (just decoded: changed in place) with every lone surrogate in its strings, keys
+    too, made U+FFFD, as a UTF-8 decoder does with a broken byte. Iterative: a line as deep as
+    the decoder takes is not a RecursionError here. Called only for a line with a `\\ud…` escape."""
+    sub = _LONE_SURROGATE.sub
+    if isinstance(obj, str):
+        return sub("\ufffd", obj)
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, str):
+                    node[i] = sub("\ufffd", v)
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+        elif isinstance(node, dict):
+            for k in [k for k in node if _LONE_SURROGATE.search(k)]:
+                node[sub("\ufffd", k)] = node.pop(k)
+            for k, v in node.items():
+                if isinstance(v, str):
+                    node[k] = sub("\ufffd", v)
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+    return obj
+
+
+def _has_surrogate_escape(line: bytes) -> bool:
+    return b"\\ud" in line or b"\\uD" in line
 
 RequestId = int | str
 RequestHandler = Callable[[str, Any], Awaitable[Any]]
@@ -446,6 +481,8 @@ class JsonRpcPeer:
                     obj = self._parse_odd_line(line, exc)
                     if obj is _SKIP:
                         continue
+                if _has_surrogate_escape(line):
+                    obj = mend_surrogates(obj)
                 if self.tap is not None:
                     self._call_tap("in", obj)
                 # Fast path, inline: a well-formed notification (the flood case).

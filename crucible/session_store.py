@@ -37,7 +37,7 @@ from crucible.config import data_dir
 from crucible.errors import CrucibleError
 from crucible.private_files import open_private, private_dir
 from crucible.redaction import StreamRedactor, held_length, redact
-from crucible.terminal import sanitize, without_escapes
+from crucible.terminal import json_safe, sanitize, terminal_safe, without_escapes
 
 # Events whose text streams in chunks; consecutive chunks of one kind are stored as one event.
 _CHUNKED = ("agent_message", "agent_thought", "user_message")
@@ -112,8 +112,10 @@ class SessionWriter:
         self.folder = folder
         self.meta = meta
         private_dir(folder, own_up_to=own_up_to)
-        self._events: IO[str] = open_private(folder / "events.jsonl", "a", encoding="utf-8")
-        self._md: IO[str] = open_private(folder / "transcript.md", "a", encoding="utf-8")
+        # errors="replace": a string no UTF-8 can hold (a lone surrogate) is written as "?",
+        # never an error that loses the turn (the connection mends the agent's; this is the rest)
+        self._events: IO[str] = open_private(folder / "events.jsonl", "a", encoding="utf-8", errors="replace")
+        self._md: IO[str] = open_private(folder / "transcript.md", "a", encoding="utf-8", errors="replace")
         self._pending: dict[str, Any] | None = None  # a chunked event still growing
         self._pending_text: list[str] = []  # its text, joined when written (`+=` is O(n²))
         self._md_section: str | None = None
@@ -123,7 +125,7 @@ class SessionWriter:
         self._split: str | None = None  # a chunked event cut by a timed flush: the next one continues it
         self._turn_open = False  # a prompt written and no turn_end after it yet
         if self._md.tell() == 0:
-            self._md.write(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
+            self._write_md_text(f"# {meta.title or 'Session ' + meta.id}\n\nagent: {meta.agent}"
                            + (f" · card: {meta.card}" if meta.card else "") + f" · cwd: {meta.cwd}\n")
         self.save_meta()
 
@@ -164,7 +166,7 @@ class SessionWriter:
         self._split = None
         self._flush_pending()
         record = {"t": round(time.time(), 3), **event}
-        self._events.write(redact(json.dumps(record, ensure_ascii=False, default=str)) + "\n")
+        self._events.write(json_safe(redact(json.dumps(record, ensure_ascii=False, default=str))) + "\n")
         self._write_md(str(kind), _md_line(record))
         if kind == "turn_end":
             self.meta.turns += 1
@@ -192,7 +194,7 @@ class SessionWriter:
         keep = held_length(text) if hold else 0
         if keep < len(text):
             self._pending["text"] = text[:len(text) - keep]
-            self._events.write(redact(json.dumps(self._pending, ensure_ascii=False, default=str)) + "\n")
+            self._events.write(json_safe(redact(json.dumps(self._pending, ensure_ascii=False, default=str))) + "\n")
             if not keep:
                 if hold:
                     self._split = self._pending["type"]  # the next chunk continues this message
@@ -203,21 +205,26 @@ class SessionWriter:
         self._pending_text = [text[len(text) - keep:]]
         return True
 
+    def _write_md_text(self, text: str) -> None:
+        # The transcript is read with `cat` and `less` too: an agent's escape sequences (window
+        # title, clipboard, clear screen) and bidi controls are kept visible, as `session show` does.
+        self._md.write(terminal_safe(text))
+
     def _write_md(self, kind: str, text: str) -> None:
         if not text:
             return
         section = {"user_message": "## You", "agent_message": "## Agent",
                    "agent_thought": "### Thinking"}.get(kind)
         if section != self._md_section:
-            self._md.write(self._md_stream.end())  # the previous section's last characters
+            self._write_md_text(self._md_stream.end())  # the previous section's last characters
         if section is None:
             self._md_section = None
-            self._md.write(f"\n\n{redact(text)}\n")
+            self._write_md_text(f"\n\n{redact(text)}\n")
             return
         if section != self._md_section:
-            self._md.write(f"\n\n{section}\n\n")
+            self._write_md_text(f"\n\n{section}\n\n")
             self._md_section = section
-        self._md.write(self._md_stream.feed(text))
+        self._write_md_text(self._md_stream.feed(text))
 
     def flush(self) -> None:
         self._flush_pending()
@@ -233,7 +240,7 @@ class SessionWriter:
             self.append({"type": "turn_end", "stop_reason": INTERRUPTED, "error": None, "why": why})
 
     def close(self) -> None:
-        self._md.write(self._md_stream.end())
+        self._write_md_text(self._md_stream.end())
         self.flush()
         self.save_meta()
         self._events.close()

@@ -700,3 +700,15 @@ async def test_close_reason_tells_eof_from_our_own_close() -> None:
             scope.cancel()
     assert peer.closed.is_set()
     assert peer.close_reason == "connection to gemini was closed"
+
+
+def test_lone_surrogates_are_mended_in_keys_values_and_deep_lines() -> None:
+    from acp_host.jsonrpc import mend_surrogates
+
+    got = mend_surrogates(json.loads('{"k\\ud800": ["x\\udfff", {"pair": "\\ud83d\\ude00"}]}'))
+    assert got == {"k\ufffd": ["x\ufffd", {"pair": "\U0001f600"}]}  # a pair stays one character
+    deep = json.loads("[" * 900 + '"\\udc00"' + "]" * 900)  # as deep as the decoder takes
+    inner = mend_surrogates(deep)
+    for _ in range(900):
+        inner = inner[0]
+    assert inner == "\ufffd"
