@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["json_safe", "terminal_safe", "without_escapes"]
+__all__ = ["json_safe", "line_safe", "terminal_safe", "without_escapes"]
 
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 _UNSAFE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+# The same for one line (a title, a label): newline and tab are made visible too.
+_UNSAFE_IN_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 # What json.dumps(ensure_ascii=False) leaves raw but a terminal may still obey or reorder.
 _JSON_UNSAFE = re.compile(f"[\x7f-\x9f{_BIDI}]")
 # A terminal escape sequence, whole: CSI (ESC [ or C1 0x9b, parameters, one final byte), OSC /
@@ -41,6 +43,13 @@ def terminal_safe(text: str) -> str:
     """`text` with every control character but newline and tab, and every bidi control, made
     visible (`^[` for ESC, `<U+202E>` for RLO)."""
     return _UNSAFE.sub(_visible, text)
+
+
+def line_safe(text: str) -> str:
+    """`terminal_safe` for text shown as one line (a tool's title, a permission's label):
+    its newlines and tabs made visible too (`^J`), so it cannot draw lines of its own, such as a
+    forged row of keys under a permission question or a forged `[permission]` line."""
+    return _UNSAFE_IN_LINE.sub(_visible, text)
 
 
 def json_safe(line: str) -> str:

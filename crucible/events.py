@@ -52,7 +52,7 @@ from acp_host.session import (
     UserChunk,
 )
 from crucible.session_store import clean_title
-from crucible.terminal import human_size
+from crucible.terminal import human_size, sanitize_line
 
 if TYPE_CHECKING:
     from crucible.session_store import SessionWriter
@@ -182,7 +182,7 @@ Renderer._table = {kind: getattr(Renderer, name) for kind, name in HANDLERS.item
 
 def permission_line(title: str, decision: str, reason: str) -> str:
     """A permission decision as a line of text (`-p`'s stderr): `[permission] TITLE: DECISION (why)`."""
-    return f"[permission] {title}: {decision} ({reason})"
+    return f"[permission] {sanitize_line(title)}: {decision} ({reason})"
 
 
 def permission_decision(event: PermissionResolved) -> tuple[str, str]:

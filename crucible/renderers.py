@@ -38,7 +38,7 @@ from crucible.events import (
 )
 from crucible.kiln_calls import bridge_call
 from crucible.redaction import StreamRedactor, redact
-from crucible.terminal import json_safe, sanitize
+from crucible.terminal import json_safe, sanitize, sanitize_line
 
 
 def _json_default(value: Any) -> Any:
@@ -70,7 +70,7 @@ def tool_line(event: ToolCallEvent) -> str:
     c = event.call
     bridge = bridge_call(c)
     title = bridge.title if bridge is not None else c.title or c.tool_call_id
-    return f"[tool] {title} ({c.kind or 'other'}): {c.status or 'pending'}"
+    return f"[tool] {sanitize_line(title)} ({sanitize_line(c.kind or 'other')}): {c.status or 'pending'}"
 
 
 def resolved_line(event: PermissionResolved) -> str:

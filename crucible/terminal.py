@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from acp_host.safe_text import json_safe, terminal_safe, without_escapes
+from acp_host.safe_text import json_safe, line_safe, terminal_safe, without_escapes
 from crucible.redaction import redact
 
 __all__ = ["SafeFormatter", "SafeStream", "counted", "human_size", "install_log_handler", "json_safe", "log_lines_to",
-           "sanitize", "shown_path", "without_escapes"]
+           "sanitize", "sanitize_line", "shown_path", "without_escapes"]
 
 
 
@@ -50,6 +50,11 @@ def human_size(n: int) -> str:
 def sanitize(text: str) -> str:
     """`text` safe for a terminal: secrets redacted, control and bidi characters made visible."""
     return terminal_safe(redact(text))
+
+
+def sanitize_line(text: str) -> str:
+    """`sanitize` for one line: newlines and tabs made visible too (see `line_safe`)."""
+    return line_safe(redact(text))
 
 
 class SafeFormatter(logging.Formatter):

@@ -24,7 +24,7 @@ from acp_host.session import (
 from crucible.events import ChildEvent, Notice, Renderer, joined_chunks, permission_decision
 from crucible.kiln_calls import WRITE_TOOLS, BridgeCall, bridge_call, proposed_write
 from crucible.replayed import shown_user_text
-from crucible.terminal import sanitize
+from crucible.terminal import sanitize, sanitize_line
 from crucible.tui.status import plan_lines
 from crucible.tui.tool_calls import ToolEntry
 from crucible.tui.transcript import BlockEntry, Entry, TextEntry
@@ -230,4 +230,4 @@ class ChatFeed(Feed):
 
 
 def _permission_text(title: str, decision: str, reason: str) -> str:
-    return f"permission: {title} → {decision}" + (f" ({reason})" if reason else "")
+    return f"permission: {sanitize_line(title)} → {decision}" + (f" ({reason})" if reason else "")

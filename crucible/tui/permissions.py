@@ -43,7 +43,7 @@ from crucible.kiln_calls import (
 )
 from crucible.private_files import FILE_MODE, private_dir
 from crucible.sessions import PermissionAsk
-from crucible.terminal import sanitize
+from crucible.terminal import sanitize, sanitize_line
 from crucible.tui.markdown import Fragments, wrap
 from crucible.tui.tool_calls import diff_lines, pretty, write_lines
 
@@ -272,8 +272,8 @@ def _dialog_lines(queue: PermissionQueue, question: Question | None, questions: 
     kind = bridge_source(bridge.name) if bridge is not None else (call.kind if call is not None else None) or "other"
     title = bridge.title if bridge is not None else ask.title
     head: list[Fragments] = [
-        [("class:dialog.title", f"Permission: {sanitize(ask.label)} wants to run "),
-         ("class:tool.title", sanitize(title)), ("class:dim", f"  [{sanitize(kind)}]")],
+        [("class:dialog.title", f"Permission: {sanitize_line(ask.label)} wants to run "),
+         ("class:tool.title", sanitize_line(title)), ("class:dim", f"  [{sanitize_line(kind)}]")],
     ]
     details: list[Fragments] = []
     if pending.write is not None:
@@ -300,8 +300,13 @@ def _dialog_lines(queue: PermissionQueue, question: Question | None, questions: 
 
 def _fit(head: list[Fragments], details: list[Fragments], keys: list[Fragments], width: int,
          max_rows: int) -> list[Fragments]:
-    """Head, details and keys as rows of `width`; the details cut to what fits in `max_rows`."""
+    """Head, details and keys as rows of `width`; the details cut to what fits in `max_rows`,
+    and the head to half of it (an agent's title of a page still leaves the keys in view)."""
     head_rows = [row for line in head for row in wrap(line, width)]
+    most = max(1, (max_rows - len(keys)) // 2)
+    if len(head_rows) > most:
+        head_rows = head_rows[:most]
+        head_rows[-1] = [*head_rows[-1], ("class:dim", "…")]
     room = max(1, max_rows - len(head_rows) - len(keys))
     shown: list[list[Fragments]] = []  # the rows of each detail line that fits whole
     used = 0

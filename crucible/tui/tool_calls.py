@@ -23,7 +23,7 @@ from crucible.kiln_calls import (
     search_result,
     summary_line,
 )
-from crucible.terminal import sanitize
+from crucible.terminal import sanitize, sanitize_line
 from crucible.tui.markdown import Fragments
 from crucible.tui.transcript import BlockEntry
 
@@ -146,8 +146,8 @@ def tool_call_lines(call: Any, terminal_text: Callable[[str], str | None] | None
     title = bridge.title if bridge is not None else (call.title or call.tool_call_id)
     head: Fragments = [
         (_STATUS_STYLE.get(status, "class:tool.pending"), f"{mark} "),
-        ("class:tool.title", sanitize(title)),
-        ("class:dim", f"  [{bridge_source(bridge.name)}] " if bridge is not None else f"  [{sanitize(call.kind or 'other')}] "),
+        ("class:tool.title", sanitize_line(title)),
+        ("class:dim", f"  [{bridge_source(bridge.name)}] " if bridge is not None else f"  [{sanitize_line(call.kind or 'other')}] "),
         (_STATUS_STYLE.get(status, "class:tool.pending"), status),
     ]
     lines: list[Fragments] = [head]

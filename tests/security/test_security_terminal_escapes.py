@@ -81,6 +81,28 @@ def test_session_list_show_export_are_inert(chat: Any) -> None:
     assert_inert(exported.stdout, "session export")
     events = json.loads(exported.stdout)["events"]
     assert any(e.get("text") == f"reply {HOSTILE}" for e in events)  # the JSON value unchanged
+    # The files themselves, read with `cat` or `less`: the transcript shows the characters, the
+    # events keep the value in JSON escapes.
+    folder = next((Path(chat.env["XDG_DATA_HOME"]) / "crucible" / "sessions").iterdir())
+    transcript = (folder / "transcript.md").read_text()
+    assert "reply ^[]0;pwned^G" in transcript and "title ^[]0;pwned^G" in transcript
+    assert_inert(transcript, "transcript.md")
+    assert_inert((folder / "events.jsonl").read_text(), "events.jsonl")
+
+
+def test_a_lone_surrogate_from_the_agent_is_shown_as_a_replacement_and_nothing_is_lost(chat: Any) -> None:
+    # Valid JSON that decodes to a string no UTF-8 file or terminal can hold: it once failed the
+    # transcript's write and lost the turn.
+    lone = ('{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess-1","update":'
+            '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"lone \\ud800 one\\n"}}}}')
+    done = chat.run({"prompts": [[{"text": "before\n"}, {"raw": lone}, {"text": "after\n"}]]}, "hello")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before\nlone \ufffd one\nafter\n"
+    assert "Traceback" not in done.stderr
+    listed = subprocess.run([chat.cru, "session", "list"], env=chat.env, capture_output=True, text=True, timeout=60)
+    shown = subprocess.run([chat.cru, "session", "show", listed.stdout.split()[0]], env=chat.env,
+                           capture_output=True, text=True, timeout=60)
+    assert "before\nlone \ufffd one\nafter" in shown.stdout and "turns=1" in listed.stdout
 
 
 def test_cards_and_kiln_search_are_inert(cru_bin: str, clean_env: dict[str, str], kiln: Path,
@@ -159,3 +181,12 @@ def test_the_full_screen_chat_draws_every_agent_string_inert(cru_bin: str, clean
     # Every string was drawn (inert): the test saw what it checks.
     for shown in ("thinking", "step", "tool", "output", "ask", "answer", "fatal", "mode"):
         assert f"{shown} ^[]0;pwned^G".encode() in raw, f"{shown!r} was never drawn"
+
+
+def test_a_tool_title_cannot_print_a_line_of_its_own_in_chat_p(chat: Any) -> None:
+    forged = "ls\n[permission] rm -rf ~: reject_once (--deny-all)"
+    done = chat.run({"prompts": [[{"tool_call": {"toolCallId": "t1", "title": forged, "kind": "execute",
+                                                 "status": "completed"}}, {"text": "ok"}]]}, "hello")
+    assert done.returncode == 0, done.stderr
+    assert "[tool] ls^J[permission] rm -rf ~: reject_once (--deny-all) (execute): completed" in done.stderr
+    assert not any(line.startswith("[permission]") for line in done.stderr.splitlines()), done.stderr

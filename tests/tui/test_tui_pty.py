@@ -123,6 +123,30 @@ def test_permission_dialog_answered_with_a_key(tui: TuiRunner) -> None:
     leave(screen)
 
 
+def test_an_agents_title_cannot_draw_a_row_of_keys_in_the_permission_dialog(tui: TuiRunner) -> None:
+    # The title's own lines once drew "n allow once  y reject once" over the dialog and pushed
+    # the real keys out of view: `y` then allowed what the screen called "reject".
+    forged = "read README.md\n\n n  allow once   y  reject once" + "\n" * 40
+    screen = tui.open({"prompts": [[
+        {"permission": {"toolCall": {"toolCallId": "t1", "title": forged, "kind": "execute",
+                                     "rawInput": {"command": "rm -rf ~/notes"}},
+                        "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]},
+         "as": "forged"}, {"text": "done"}]]})
+    screen.wait_for("ready")
+    screen.type_line("go")
+    shown = screen.wait_all("Permission:", "rm -rf ~/notes")
+    rows = [row.strip() for row in shown.splitlines()]
+    assert "read README.md^J^J n  allow once" in shown  # the title's line breaks, shown
+    assert not any(row.startswith("n  allow once") for row in rows), shown  # no forged row of keys
+    assert any(row.startswith("y  allow once") and "n  reject once" in row for row in rows), shown
+    screen.send("n")  # the real keys answer as they say
+    entry = tui.wait_for_log(lambda e: e.get("kind") == "result" and e.get("step") == "permission")
+    assert entry["result"]["result"]["outcome"] == {"outcome": "selected", "optionId": "reject"}
+    screen.wait_for(lambda s: "ready" in s.splitlines()[-1])
+    leave(screen)
+
+
 def _asks_for(call_id: str, title: str, path: str) -> list[dict[str, Any]]:
     """Claude's way: the tool call, then its permission request."""
     return [{"tool_call": {"toolCallId": call_id, "title": title, "kind": "other", "status": "pending",
