@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from acp_host.registry import BUILTINS, AgentSpec, auth_hint
+from crucible.redaction import redact
 
 # How much of the agent's own words a message quotes.
 QUOTE_MAX = 200
@@ -86,7 +87,8 @@ def agent_env(spec: AgentSpec, extra: Mapping[str, str] | None = None) -> dict[s
 
 
 def _quote(text: str) -> str:
-    text = " ".join(str(text).split())
+    # Redacted before it is cut: a secret cut in two no longer matches, and its start was shown.
+    text = " ".join(redact(str(text)).split())
     text = "".join(c for c in text if c.isprintable())
     return text if len(text) <= QUOTE_MAX else text[:QUOTE_MAX] + "…"
 

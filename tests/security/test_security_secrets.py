@@ -110,6 +110,20 @@ def test_a_start_error_never_prints_a_profile_secret(cru_bin: str, clean_env: di
     assert PROFILE_SECRET not in done.stderr and "--key=***" in done.stderr and "bad key ***" in done.stderr
 
 
+def test_an_agents_words_quoted_in_a_start_error_are_redacted_before_they_are_cut() -> None:
+    # A start error quotes the agent's last words up to QUOTE_MAX characters: cut before they
+    # were redacted, a secret across the cut no longer matched and its first part was shown
+    # ("… invalid api key SEKRET-A-1234567…)" in the audit, through `cru chat -a`).
+    from crucible.redaction import remember_secret
+    from crucible.start_failures import QUOTE_MAX, _quote
+
+    secret = "quoted-secret-0a9b8c7d6e"
+    remember_secret(secret)
+    for before in range(QUOTE_MAX - len(secret), QUOTE_MAX + 1):
+        shown = _quote("x" * before + secret + " end")
+        assert secret[:6] not in shown, (before, shown)
+
+
 def test_a_card_url_from_the_environment_is_not_echoed_in_its_error(chat: Any) -> None:
     folder = chat.kiln / ".crucible" / "agents"
     folder.mkdir(parents=True, exist_ok=True)
