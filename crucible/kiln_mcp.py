@@ -25,12 +25,13 @@ from crucible.errors import CrucibleError
 from crucible.kiln import filesearch
 from crucible.kiln.atomic import ConcurrentEditError, atomic_write_text, remove_file
 from crucible.kiln.builder import BackgroundIndex, IndexState, StateFn
-from crucible.kiln.notes import merge_frontmatter, read_note, replace_body
+from crucible.kiln.notes import check_note_text, merge_frontmatter, read_note, replace_body
 from crucible.kiln.paths import (
     KilnNotFoundError,
     iter_markdown,
     kiln_sizes,
     resolve_in_kiln,
+    shown_rel,
     to_rel,
 )
 from crucible.mcp_gateway import build_gateway
@@ -90,9 +91,14 @@ def _message(exc: CrucibleError) -> str:
     return f"{exc.message}. {fix[0].upper()}{fix[1:]}."
 
 
+def _exists(path: str) -> KilnError:
+    return KilnError(f"{shown_rel(path)} already exists; use update_note to change it, "
+                     "or create_note with overwrite=true to replace it")
+
+
 def _not_found(path: str) -> NoteNotFoundError:
     return NoteNotFoundError(
-        f"Note not found: '{path}' (it may have been moved or deleted; "
+        f"Note not found: {shown_rel(path)} (it may have been moved or deleted; "
         "search or list the notes again for its current path)"
     )
 
@@ -169,12 +175,13 @@ class CrucibleKilnBackend:
             target = resolve_in_kiln(self.root, path, for_write=True)
             existed = target.exists()
             if existed and not overwrite:
-                raise KilnError(
-                    f"'{path}' already exists; use update_note to change it, "
-                    "or create_note with overwrite=true to replace it"
-                )
+                raise _exists(path)
             text = merge_frontmatter(body, frontmatter) if frontmatter else body
-            digest = atomic_write_text(target, text, root=self.root, make_folders=True)
+            check_note_text(text, to_rel(self.root, target))
+            try:
+                digest = atomic_write_text(target, text, root=self.root, make_folders=True, exclusive=not overwrite)
+            except FileExistsError:  # another writer made it since the check above
+                raise _exists(path) from None
             return self._written(target, digest, replaced=existed)
 
         return self._call(path, create)
@@ -201,6 +208,7 @@ class CrucibleKilnBackend:
                 text = merge_frontmatter(text, frontmatter or {}, remove_keys)
             if body is not None:
                 text = replace_body(text, body)
+            check_note_text(text, to_rel(self.root, target))
             # Guard with the hash of what we read, so an edit that lands meanwhile is never lost.
             return self._written(target, atomic_write_text(target, text, expected_hash=note.content_hash,
                                                            root=self.root))
@@ -235,7 +243,7 @@ class CrucibleKilnBackend:
         try:
             return self._call(folder, listing)
         except NoteNotFoundError:
-            raise KilnError(f"No folder '{folder}' in the kiln; list_notes without a folder shows them all") from None
+            raise KilnError(f"No folder {shown_rel(folder)} in the kiln; list_notes without a folder shows them all") from None
 
     # --- search ---------------------------------------------------------------------------
 

@@ -112,7 +112,7 @@ class Dispatcher:
         if tool is None and self.unknown is not None and (why := self.unknown(name)) is not None:
             result = error_result(why)
         elif tool is None or decision == "deny":
-            result = error_result(f"Unknown tool '{name}'. Available tools: {', '.join(self.listed())}")
+            result = error_result(f"Unknown tool {name[:200]!r}. Available tools: {', '.join(self.listed())}")
         elif decision == "ask" and not await self._approved(name, arguments or {}):
             result = error_result(f"The person did not allow tool '{name}' to run")
         else:

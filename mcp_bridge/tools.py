@@ -208,7 +208,7 @@ def describe_validation_error(tool: str, model: type[BaseModel], err: Validation
         if e["type"] == "missing":
             lines.append(f"missing required argument '{where}': expected {_expected(model, name)}")
         elif e["type"] == "extra_forbidden":
-            lines.append(f"unknown argument '{where}' (accepted: {accepted})")
+            lines.append(f"unknown argument {where[:200]!r} (accepted: {accepted})")
         elif not loc:
             lines.append(e["msg"].removeprefix("Value error, "))
         else:

@@ -99,8 +99,11 @@ def _fsync_dir(folder: int) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, *, expected_hash: str | None = None,
                        root: Path | None = None, make_folders: bool = False,
-                       new_file_mode: int | None = None) -> str:
+                       new_file_mode: int | None = None, exclusive: bool = False) -> str:
     """Replace `path` with `data` atomically; returns the new content hash.
+
+    `exclusive`: only if nothing is at `path` (else FileExistsError, nothing written): the new
+    file is linked into place, which fails if another writer (any process) got there first.
 
     With `expected_hash`, the current content must hash to it (a missing file never does),
     else ConcurrentEditError and nothing is written. The file's mode is kept; a new file gets
@@ -117,13 +120,13 @@ def atomic_write_bytes(path: Path, data: bytes, *, expected_hash: str | None = N
     folder, name = _open_parent(path, root, create=make_folders)
     try:
         with _lock_for(path):
-            return _write_in(folder, name, data, expected_hash, new_file_mode, path.name)
+            return _write_in(folder, name, data, expected_hash, new_file_mode, path.name, exclusive)
     finally:
         os.close(folder)
 
 
 def _write_in(folder: int, name: str, data: bytes, expected_hash: str | None, new_file_mode: int | None,
-              shown: str) -> str:
+              shown: str, exclusive: bool = False) -> str:
     mode: int | None = None
     try:
         st = os.stat(name, dir_fd=folder, follow_symlinks=False)
@@ -134,6 +137,8 @@ def _write_in(folder: int, name: str, data: bytes, expected_hash: str | None, ne
         mode = st.st_mode & 0o7777
     except FileNotFoundError:
         pass
+    if exclusive and mode is not None:
+        raise FileExistsError(f"{shown} exists")
     if expected_hash is not None:
         current = _hash_in(folder, name)
         if current != expected_hash:
@@ -158,7 +163,10 @@ def _write_in(folder: int, name: str, data: bytes, expected_hash: str | None, ne
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        if exclusive:
+            _link_new(folder, tmp, name, shown)
+        else:
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
     except BaseException:
         try:
             os.unlink(tmp, dir_fd=folder)
@@ -169,12 +177,30 @@ def _write_in(folder: int, name: str, data: bytes, expected_hash: str | None, ne
     return content_hash(data)
 
 
+def _link_new(folder: int, tmp: str, name: str, shown: str) -> None:
+    """The written temp file as `name`, only if no file is there: link (atomic, also against
+    other processes), then drop the temp name. A file system with no hard links (FAT, some
+    network mounts) gets the check and the rename, exclusive among this process's writers."""
+    try:
+        os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+    except FileExistsError:
+        raise FileExistsError(f"{shown} exists") from None
+    except OSError:
+        try:
+            os.stat(name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            return
+        raise FileExistsError(f"{shown} exists") from None
+    os.unlink(tmp, dir_fd=folder)
+
+
 def atomic_write_text(path: Path, text: str, *, expected_hash: str | None = None,
                       root: Path | None = None, make_folders: bool = False,
-                      new_file_mode: int | None = None) -> str:
+                      new_file_mode: int | None = None, exclusive: bool = False) -> str:
     """`atomic_write_bytes` of the UTF-8 text; returns the new content hash."""
     return atomic_write_bytes(path, text.encode("utf-8"), expected_hash=expected_hash, root=root,
-                              make_folders=make_folders, new_file_mode=new_file_mode)
+                              make_folders=make_folders, new_file_mode=new_file_mode, exclusive=exclusive)
 
 
 def remove_file(path: Path, *, root: Path, expected_hash: str | None = None) -> int:

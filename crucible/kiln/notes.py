@@ -441,6 +441,21 @@ def parse_note(text: str, path: str) -> Note:
 # Reading from disk
 
 
+def check_note_text(text: str, rel: str) -> None:
+    """A note about to be written must read back as one (`decode_note_bytes`): no NUL (read as
+    a binary file) and not over MAX_NOTE_BYTES; else NoteReadError, and nothing is written."""
+    if "\x00" in text:
+        raise NoteReadError(f"{rel}: the text holds a NUL character (\\x00), which would make the note "
+                            "read as a binary file; nothing was written",
+                            fix="remove the NUL characters from the text", reason="binary file")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_NOTE_BYTES:
+        raise NoteReadError(
+            f"{rel}: the note would be {size / (1024 * 1024):.1f} MiB; notes up to "
+            f"{MAX_NOTE_BYTES // (1024 * 1024)} MiB are read, so nothing was written",
+            fix="split it into smaller notes", reason="too large")
+
+
 def decode_note_bytes(data: bytes, rel: str) -> str:
     """Note bytes -> text, or NoteReadError with a short reason."""
     if len(data) > MAX_NOTE_BYTES:

@@ -91,7 +91,9 @@ class KilnNotFoundError(KilnPathError):
     """The path is allowed but nothing is there."""
 
 
-def _show(rel: str) -> str:
+def shown_rel(rel: str) -> str:
+    """A path as an error message quotes it: in quotes, escape sequences and control characters
+    as Python writes them (`\\x1b`), long ones cut."""
     shown = rel.replace("\\", "/")
     return repr(shown if len(shown) <= 120 else shown[:100] + "…")
 
@@ -122,11 +124,37 @@ def _check_lengths(rel: str, parts: tuple[str, ...]) -> None:
     for part in parts:
         if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             raise KilnPathError(
-                f"{_show(rel)}: a name in the path is longer than {MAX_NAME_BYTES} bytes, "
+                f"{shown_rel(rel)}: a name in the path is longer than {MAX_NAME_BYTES} bytes, "
                 "the most a file system allows", fix="use a shorter note or folder name", rel=rel)
     if len("/".join(parts).encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise KilnPathError(f"{_show(rel)}: the path is longer than {MAX_PATH_BYTES} bytes",
+        raise KilnPathError(f"{shown_rel(rel)}: the path is longer than {MAX_PATH_BYTES} bytes",
                             fix="use shorter or fewer folder names", rel=rel)
+
+
+# What a new note's name may not hold: control characters (C0, DEL, C1: a name that prints as an
+# escape sequence or a line break in every listing), bidi controls (a name that reads as another,
+# "gpj.md" shown as "md.jpg") and zero-width characters (two names that look the same).
+# (Not ZWJ and ZWNJ, U+200C/D: emoji sequences and Persian or Indic names need them.)
+_BAD_NAME_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u200b\u200e\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff\u061c]")
+
+
+def _check_new_names(rel: str, parts: tuple[str, ...]) -> None:
+    """A new note's path: no name with the characters above, none ending in a dot or a space
+    (Windows and SMB drop them: `.crucible./x.md` would land in .crucible), no note named only
+    `.md`."""
+    for part in parts:
+        bad = _BAD_NAME_CHARS.search(part)
+        if bad:
+            raise KilnPathError(
+                f"{shown_rel(rel)}: a name holds the character U+{ord(bad.group()):04X}, which a note's "
+                "name may not (control, direction and zero-width characters)",
+                fix="use letters, digits, spaces and punctuation", rel=rel)
+        if part != part.rstrip(". ") or part.startswith(" "):
+            raise KilnPathError(f"{shown_rel(rel)}: a name begins with a space or ends with a dot or a space",
+                                fix="remove the leading space or the trailing dot or space", rel=rel)
+    if parts and parts[-1].lower() == ".md":
+        raise KilnPathError(f"{shown_rel(rel)}: the note has no name before .md", fix="name the note, e.g. 'idea.md'",
+                            rel=rel)
 
 
 def _inside(root: Path, path: Path) -> bool:
@@ -150,7 +178,7 @@ def resolve_in_kiln(
     text = rel.strip().replace("\\", "/")
     if text.startswith("~"):
         raise KilnPathError(
-            f"{_show(rel)}: '~' is not allowed in kiln paths",
+            f"{shown_rel(rel)}: '~' is not allowed in kiln paths",
             fix="give the path relative to the kiln, e.g. 'folder/note.md'", rel=rel,
         )
     if text.startswith("/") or _DRIVE.match(text):
@@ -166,43 +194,47 @@ def resolve_in_kiln(
                             fix=hint, rel=rel)
     parts = tuple(p for p in PurePosixPath(text).parts if p not in ("", "."))
     if ".." in parts:
-        raise KilnPathError(f"{_show(rel)}: '..' is not allowed in kiln paths",
+        raise KilnPathError(f"{shown_rel(rel)}: '..' is not allowed in kiln paths",
                             fix="give the path from the kiln root, without '..'", rel=rel)
     _check_lengths(rel, parts)
     if _is_reserved(parts):
-        raise KilnPathError(f"{_show(rel)}: {RESERVED_DIR}/ is reserved for Crucible's own data",
+        raise KilnPathError(f"{shown_rel(rel)}: {RESERVED_DIR}/ is reserved for Crucible's own data",
                             fix="choose a path outside .crucible/", rel=rel)
     if (folder := _protected(parts)) is not None:
-        raise KilnPathError(f"{_show(rel)}: {folder}/ is not part of the notes; its files cannot be used",
+        raise KilnPathError(f"{shown_rel(rel)}: {folder}/ is not part of the notes; its files cannot be used",
                             fix=f"choose a path outside {folder}/", rel=rel)
     clean = "/".join(parts)
     if for_write and not clean.lower().endswith(".md"):
-        raise KilnPathError(f"{_show(rel)}: only markdown notes (.md) can be written",
+        raise KilnPathError(f"{shown_rel(rel)}: only markdown notes (.md) can be written",
                             fix="use a path ending in .md", rel=rel)
     candidate = root.joinpath(*parts)
+    if for_write:  # only the names this write makes: a note or folder made elsewhere stays usable
+        new = next((i for i in range(len(parts)) if not os.path.lexists(root.joinpath(*parts[: i + 1]))), None)
+        if new is not None:
+            _check_new_names(rel, parts[new:])
     try:
         resolved = candidate.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop
         loop = isinstance(e, RuntimeError) or getattr(e, "errno", None) == errno.ELOOP
         why = "a symbolic link in it leads back to itself" if loop else f"cannot be resolved ({type(e).__name__})"
-        raise KilnPathError(f"{_show(rel)}: {why}", fix="fix or remove the symbolic link", rel=rel) from e
+        raise KilnPathError(f"{shown_rel(rel)}: {why}", fix="fix or remove the symbolic link", rel=rel) from e
     if not _inside(root, resolved):
-        raise KilnPathError(f"{_show(rel)}: leads outside the kiln through a symbolic link",
+        raise KilnPathError(f"{shown_rel(rel)}: leads outside the kiln through a symbolic link",
                             fix="only notes inside the kiln can be used", rel=rel)
     inner = resolved.relative_to(root).parts
     if _is_reserved(inner):
-        raise KilnPathError(f"{_show(rel)}: leads into {RESERVED_DIR}/, which is reserved",
+        raise KilnPathError(f"{shown_rel(rel)}: leads into {RESERVED_DIR}/, which is reserved",
                             fix="choose a path outside .crucible/", rel=rel)
     if (folder := _protected(inner)) is not None:
-        raise KilnPathError(f"{_show(rel)}: leads into {folder}/, which is not part of the notes",
+        raise KilnPathError(f"{shown_rel(rel)}: leads into {folder}/, which is not part of the notes",
                             fix=f"choose a path outside {folder}/", rel=rel)
     if for_write and not resolved.name.lower().endswith(".md"):
-        raise KilnPathError(f"{_show(rel)}: links to a file that is not a .md note",
+        raise KilnPathError(f"{shown_rel(rel)}: links to a file that is not a .md note",
                             fix="write to a .md note", rel=rel)
     if for_write and resolved.is_dir():
-        raise KilnPathError(f"{_show(rel)}: is a folder, not a note", rel=rel)
+        raise KilnPathError(f"{shown_rel(rel)}: is a folder, not a note", rel=rel)
     if must_exist and not resolved.exists():
-        raise KilnNotFoundError(f"{_show(rel)}: no such file in the kiln",
+        raise KilnNotFoundError(f"{shown_rel(rel)}: no such file in the kiln",
                                 fix="list the notes to find the right path", rel=rel)
     return resolved
 
@@ -255,7 +287,7 @@ def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666) -> 
 
 
 def swapped_error(rel: str) -> KilnPathError:
-    return KilnPathError(f"{_show(rel)}: was replaced by a symbolic link while it was being used; "
+    return KilnPathError(f"{shown_rel(rel)}: was replaced by a symbolic link while it was being used; "
                          "nothing was done", fix="try again once the kiln's folders stop changing", rel=rel)
 
 
@@ -339,7 +371,7 @@ def iter_markdown(root: Path, folder: str = "", unfollowed: list[tuple[str, str]
     rel = normalize_folder(folder)
     start = resolve_in_kiln(root, rel, must_exist=True) if rel else root
     if not start.is_dir():
-        raise KilnPathError(f"{_show(rel)}: is not a folder", rel=rel)
+        raise KilnPathError(f"{shown_rel(rel)}: is not a folder", rel=rel)
     if start != root and start.relative_to(root).as_posix() != "/".join(PurePosixPath(rel).parts):
         # a folder reached through a symlink: list it under the path the caller gave
         for sub in sorted(_walk(start, start, want_md=True)):

@@ -178,3 +178,35 @@ def test_kill_9_harness_detects_a_torn_naive_write(tmp_path: Path) -> None:
     """Control: the same harness sees torn files when writing in place, so it can fail."""
     results = _kill_mid_write(tmp_path, "naive", trials=12, size=4 * 1024 * 1024)
     assert any(state == "torn" for state, _, _ in results), results
+
+
+def test_creates_racing_for_one_new_note_leave_one_winner(tmp_path: Path) -> None:
+    # create_note without overwrite, from 16 threads released at once: the check for an existing
+    # note and the write were two steps, and several callers were told "created" (one kept).
+    import threading
+
+    from crucible.kiln_mcp import CrucibleKilnBackend
+    from mcp_bridge.kiln_api import KilnError
+
+    backend = CrucibleKilnBackend(tmp_path)
+    start = threading.Barrier(16)
+    told: dict[int, str] = {}
+
+    def create(i: int) -> None:
+        start.wait()
+        try:
+            backend.create_note("race.md", f"writer {i}\n", None, overwrite=False)
+            told[i] = "created"
+        except KilnError as exc:
+            told[i] = str(exc)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, said in told.items() if said == "created"]
+    assert len(winners) == 1, told
+    assert all("already exists" in said for said in told.values() if said != "created")
+    assert (tmp_path / "race.md").read_text() == f"writer {winners[0]}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["race.md"]

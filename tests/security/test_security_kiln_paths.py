@@ -94,3 +94,66 @@ async def test_an_over_long_note_name_is_refused_clearly(cru_bin: str, clean_env
         assert "Internal" not in str(err.value)
     log = errlog.read_text()
     assert "Traceback" not in log and str(tmp_path) not in log and "Errno 36" not in log
+
+
+async def test_a_new_notes_name_with_control_direction_or_trailing_characters_is_refused(
+        cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    kiln = _kiln(tmp_path)
+    (kiln / "odd name .md").write_text("# made elsewhere\n")  # a name cru would not make: still editable
+    errlog = tmp_path / "server.err"
+    async with Client(_server(cru_bin, kiln, clean_env, errlog)) as client:
+        for name, says in [("W/ctl\x1b[31mred.md", "U+001B"), ("W/nl\nname.md", "U+000A"), ("W/c1\x9bx.md", "U+009B"),
+                           ("W/rlo\u202egpj.md", "U+202E"), ("W/zw\u200b.md", "U+200B"), ("W/.md", "no name"),
+                           ("W/ lead.md", "begins with a space"), ("W/folder./x.md", "ends with a dot"),
+                           (".crucible /x.md", "ends with a dot or a space")]:
+            result = await client.call_tool("create_note", {"path": name, "content": "x"})
+            text = _texts(result)
+            assert result.is_error and says in text, (name, text)
+            assert "\x1b" not in text and "\x9b" not in text and "\u202e" not in text, text  # shown escaped
+        assert sorted(p.name for p in kiln.rglob("*.md") if ".git" not in p.parts and ".obsidian" not in p.parts) == [
+            "Link to git.md", "Real.md", "odd name .md"]
+        updated = await client.call_tool("update_note", {"path": "odd name .md", "body": "changed"})
+        assert not updated.is_error, _texts(updated)
+        # What the client sent, quoted back in errors, never carries a live escape sequence.
+        for tool, args in [("read_note", {"path": "\x1b[2Jx.md"}), ("list_notes", {"folder": "\x1b]0;owned\x07"}),
+                           ("\x1b[2Jevil", {}), ("read_note", {"path": "Real.md", "\x1b[31mkey": 1})]:
+            result = await client.call_tool(tool, args)
+            text = _texts(result)
+            assert result.is_error and "\\x1b" in text and "\x1b" not in text, (tool, text)
+    assert "Traceback" not in errlog.read_text()
+
+
+async def test_concurrent_creates_of_one_note_leave_one_writer_told_created(
+        cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    import anyio
+
+    kiln = _kiln(tmp_path)
+    results: dict[int, Any] = {}
+    async with Client(_server(cru_bin, kiln, clean_env, tmp_path / "server.err")) as client:
+        async def create(i: int) -> None:
+            results[i] = await client.call_tool("create_note", {"path": "W/race.md", "content": f"writer {i}\n"})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(create, i)
+    created = [i for i, r in results.items() if not r.is_error]
+    assert len(created) == 1, {i: _texts(r) for i, r in results.items()}
+    assert all("already exists" in _texts(r) for i, r in results.items() if i not in created)
+    assert (kiln / "W" / "race.md").read_text() == f"writer {created[0]}\n"  # the one told "created" is kept
+    assert [p.name for p in (kiln / "W").iterdir()] == ["race.md"]  # no temp file left
+
+
+async def test_a_write_the_note_could_not_be_read_back_from_is_refused(
+        cru_bin: str, clean_env: dict[str, str], tmp_path: Path) -> None:
+    kiln = _kiln(tmp_path)
+    async with Client(_server(cru_bin, kiln, clean_env, tmp_path / "server.err")) as client:
+        nul = await client.call_tool("create_note", {"path": "W/nul.md", "content": "a\x00b"})
+        assert nul.is_error and "NUL character" in _texts(nul) and "nothing was written" in _texts(nul)
+        huge = await client.call_tool("create_note", {"path": "W/huge.md", "content": "z" * (11 * 1024 * 1024)})
+        assert huge.is_error and "would be 11.0 MiB; notes up to 10 MiB are read" in _texts(huge), _texts(huge)
+        assert not (kiln / "W").exists()
+        edit = await client.call_tool("update_note", {"path": "Real.md", "body": "x\x00y"})
+        assert edit.is_error and "NUL character" in _texts(edit)
+        read = await client.call_tool("read_note", {"path": "Real.md"})
+        assert not read.is_error and "# real" in _texts(read)
+    assert (kiln / "Real.md").read_text() == "# real\n"
