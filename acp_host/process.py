@@ -28,7 +28,7 @@ import trio
 
 from acp_host.reaper import host_mark_env, signal_watched, unwatch_group, watch_group
 
-__all__ = ["AgentProcess", "AgentStartError", "login_shell_path", "merge_paths", "stop_all_now"]
+__all__ = ["AgentNotFoundError", "AgentProcess", "AgentStartError", "login_shell_path", "merge_paths", "stop_all_now"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,10 @@ _shell_path_cache: str | None = None
 
 class AgentStartError(Exception):
     """The agent could not be started (or did not come up); the message says what to do."""
+
+
+class AgentNotFoundError(AgentStartError):
+    """The agent's command is not there (not on PATH, no such file): nothing was started."""
 
 
 def merge_paths(*paths: str) -> str:
@@ -123,7 +127,7 @@ def _resolve(command: str, path: str, cwd: Path | None) -> str:
     if os.sep in command:
         target = Path(command) if cwd is None or os.path.isabs(command) else cwd / command
         if not target.exists():
-            raise AgentStartError(
+            raise AgentNotFoundError(
                 f"agent command `{command}` does not exist: check the path, or install the agent"
             )
         if target.is_dir() or not os.access(target, os.X_OK):
@@ -134,7 +138,7 @@ def _resolve(command: str, path: str, cwd: Path | None) -> str:
         return command
     found = shutil.which(command, path=path)
     if found is None:
-        raise AgentStartError(
+        raise AgentNotFoundError(
             f"agent command `{command}` was not found on PATH: install it, or check that the "
             "directory it is in is on your PATH (your login shell's PATH is used)"
         )
@@ -249,7 +253,7 @@ class AgentProcess:
                 start_new_session=True,
             )
         except FileNotFoundError as exc:
-            raise AgentStartError(
+            raise AgentNotFoundError(
                 f"agent command `{argv[0]}` could not be started ({exc.strerror}): install it or check PATH"
             ) from exc
         except PermissionError as exc:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from acp_host.jsonrpc import JsonRpcError
-from acp_host.process import AgentProcess, AgentStartError
+from acp_host.process import AgentNotFoundError, AgentProcess, AgentStartError
 from acp_host.registry import (
     AgentRegistryError,
     AgentSpec,
@@ -684,8 +684,9 @@ def _explain_start_failure(spec: AgentSpec, exc: BaseException, *, stderr: str,
     )
 
     text = describe_rpc_error(exc) if isinstance(exc, JsonRpcError) else str(exc)
-    lowered = text.lower()
-    if isinstance(exc, FileNotFoundError) or "not found" in lowered or "no such file" in lowered:
+    # Only when nothing could be started: an agent that ran and then said "not found" or "no
+    # such file" (its own config, a method) is not missing, and its words are shown.
+    if isinstance(exc, (FileNotFoundError, AgentNotFoundError)):
         return CrucibleError(f"the agent {spec.name} is not installed or not on PATH ({spec.display()})",
                              install_hint(spec.name))
     said = stderr_summary(stderr) if isinstance(exc, JsonRpcError) else ""

@@ -84,3 +84,22 @@ def test_wait_until_is_bounded() -> None:
     except AssertionError as exc:
         assert "nothing" in str(exc)
     assert time.monotonic() - started < 5
+
+
+def test_a_missing_agent_is_named_missing_and_one_that_ran_is_quoted(cru_bin: str, clean_env: dict[str, str],
+                                                                      kiln: Path, tmp_path: Path) -> None:
+    def chat_with(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cru_bin, "chat", "--kiln", str(kiln), "--agent-command", command, "-p", "hi"],
+                              env=clean_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    missing = chat_with("no-such-agent-3f9a --acp")
+    assert missing.returncode == 1 and "is not installed or not on PATH" in missing.stderr, missing.stderr
+    # An agent that started and then crashed on a file of its own is not "not installed": any
+    # "not found" or "no such file" in its words once made it so, and hid them.
+    script = tmp_path / "agent.py"
+    script.write_text("import sys\nsys.stderr.write(\"FileNotFoundError: [Errno 2] No such file or directory: "
+                      "'settings.json'\\n\")\nsys.exit(2)\n")
+    ran = chat_with(f"python3 {script}")
+    assert ran.returncode == 1, ran.stderr
+    assert "not installed" not in ran.stderr and "settings.json" in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr
