@@ -42,7 +42,7 @@ import trio
 from acp import schema
 from pydantic import BaseModel, ValidationError
 
-from acp_host.jsonrpc import REQUEST_CANCELLED, ConnectionClosed, JsonRpcError
+from acp_host.jsonrpc import INVALID_PARAMS, REQUEST_CANCELLED, ConnectionClosed, JsonRpcError
 from acp_host.services import GATED_METHODS, describe_request
 
 if TYPE_CHECKING:
@@ -761,10 +761,15 @@ class AcpSession:
         self._touch()
         raw_call = params.get("toolCall")
         options = parse_options(params.get("options"))
+        if not isinstance(raw_call, dict) or not options:
+            # Nothing to ask the person about, or nothing they could choose: the agent hears why
+            # (a malformed ask once showed as a real one and answered "cancelled").
+            raise JsonRpcError(INVALID_PARAMS, "session/request_permission needs toolCall (an object) and "
+                                               "options (a list of at least one {optionId, name, kind})")
         call_id = raw_call.get("toolCallId") if isinstance(raw_call, dict) else None
         if isinstance(call_id, str):
             had = call_id in self.tool_calls.calls
-            call, created = self.tool_calls.merge(raw_call, announce=False)  # type: ignore[arg-type]
+            call, created = self.tool_calls.merge(raw_call, announce=False)
             await self._emit(ToolCallEvent(call, created))
         else:
             had = False

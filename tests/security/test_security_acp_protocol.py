@@ -70,3 +70,16 @@ def test_classify_marks_unechoable_ids_for_a_null_reply() -> None:
     # Responses are never answered, whatever their id.
     msg = classify({"id": {"x": 1}, "result": {}})
     assert isinstance(msg, Invalid) and not msg.answer_null
+
+
+def test_a_malformed_permission_request_is_answered_invalid_params_not_asked(chat: Any) -> None:
+    done = chat.run({"prompts": [[{"permission": {"toolCall": None, "options": 5}, "as": "broken"},
+                                  {"permission": {"toolCall": {"toolCallId": "t1", "title": "x"}, "options": []},
+                                   "as": "no-options"}, {"text": "went on"}]]}, "hi")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "went on\n"
+    assert "[permission]" not in done.stderr  # nothing was asked or decided
+    for name in ("broken", "no-options"):
+        entry = chat.wait_for_log(lambda e, n=name: e.get("kind") == "result" and e.get("as") == n)
+        assert entry["result"]["error"]["code"] == -32602, entry
+        assert "toolCall (an object) and options" in entry["result"]["error"]["message"]
