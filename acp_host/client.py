@@ -445,15 +445,17 @@ async def connect_agent(
     max_line_bytes: int = 64 * 1024 * 1024,
     process: AgentProcess | None = None,
     record_redact: Callable[[str], str] | None = None,
+    record_held_length: Callable[[str], int] | None = None,
 ) -> AcpClient:
     """Start the agent `argv`, connect, and initialize it. The client (and the agent process)
     live in `nursery`; `await client.aclose()` ends them. Raises AgentStartError naming the
     command, with its stderr tail, if the agent cannot start, exits, refuses or does not
     answer initialize within `init_timeout` seconds. `process`: an agent already started
     from `argv` (a host spawns early to overlap the agent's boot with its own imports).
-    `record_redact`: masks the host's secrets in the recording (see `Recorder`)."""
+    `record_redact`, `record_held_length`: mask the host's secrets in the recording, also one
+    streamed in pieces (see `Recorder`)."""
     command = shlex.join(argv)
-    recorder = (await Recorder.open(record_to, agent=command, redact=record_redact)
+    recorder = (await Recorder.open(record_to, agent=command, redact=record_redact, held_length=record_held_length)
                 if record_to is not None else None)
     try:
         if process is None:

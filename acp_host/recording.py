@@ -63,10 +63,15 @@ class Recorder:
     (it flushes)."""
 
     def __init__(self, file: TextIO, path: Path, *, agent: str,
-                 redact: Callable[[str], str] | None = None) -> None:
+                 redact: Callable[[str], str] | None = None,
+                 held_length: Callable[[str], int] | None = None) -> None:
         self.path = path
         self.agent = agent
         self._redact = redact
+        self._held_length = held_length
+        # A streamed chunk's end that could begin a secret: (stream, text, its frame), sent on
+        # with the stream's next chunk, or as a frame of its own before any other frame.
+        self._held: tuple[tuple[Any, str], str, dict[str, Any]] | None = None
         self._file = file
         self._start = time.monotonic()
         self._lines: list[str] = []
@@ -76,9 +81,12 @@ class Recorder:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, agent: str,
-                   redact: Callable[[str], str] | None = None) -> Recorder:
+                   redact: Callable[[str], str] | None = None,
+                   held_length: Callable[[str], int] | None = None) -> Recorder:
         """Create the recording file 0600 (replacing one there) and write its header.
-        `redact`: applied to every line written (the header's agent command included)."""
+        `redact`: applied to every line written (the header's agent command included).
+        `held_length(text)`: how much of a text's end could begin a secret (with `redact`):
+        a secret streamed in two chunks is then masked in the recording too."""
         header = {
             "recording": RECORDING_VERSION,
             "agent": agent,
@@ -94,13 +102,31 @@ class Recorder:
             f.write((redact(line) if redact is not None else line) + "\n")
             return f
 
-        return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent, redact=redact)
+        return cls(await trio.to_thread.run_sync(create), Path(path), agent=agent, redact=redact,
+                   held_length=held_length)
 
     def tap(self, direction: Literal["in", "out"], msg: Any) -> None:
         if self._closed:
             return
+        frame = _mask_mcp_servers(frame_of(msg))
+        if self._held_length is not None and self._redact is not None:
+            chunk = _chunk_text(frame) if direction == "in" else None
+            held = self._held
+            if held is not None and (chunk is None or chunk[0] != held[0]):
+                self._append(direction, _with_text(held[2], held[1]))  # not a secret's start after all
+                held = None
+            if chunk is not None:
+                text = self._redact((held[1] if held is not None else "") + chunk[1])
+                keep = self._held_length(text)
+                self._held = (chunk[0], text[len(text) - keep:], frame) if keep else None
+                frame = _with_text(frame, text[:len(text) - keep])
+            else:
+                self._held = None
+        self._append(direction, frame)
+
+    def _append(self, direction: str, frame: Any) -> None:
         t_ms = round((time.monotonic() - self._start) * 1000, 3)
-        record = {"t_ms": t_ms, "dir": direction, "frame": _mask_mcp_servers(frame_of(msg))}
+        record = {"t_ms": t_ms, "dir": direction, "frame": frame}
         line = json.dumps(record, separators=(",", ":"), default=str)
         self._lines.append(self._redact(line) if self._redact is not None else line)
         self._wakeup.set()
@@ -130,6 +156,9 @@ class Recorder:
         """Write what was recorded and close the file; frames tapped after are not recorded."""
         if self._closed:
             return
+        if self._held is not None:
+            self._append("in", _with_text(self._held[2], self._held[1]))
+            self._held = None
         self._closed = True
         self._wakeup.set()
         with trio.CancelScope(shield=True):
@@ -139,6 +168,26 @@ class Recorder:
 
 
 _MASK = "***"
+_CHUNKS = frozenset({"agent_message_chunk", "agent_thought_chunk", "user_message_chunk"})
+
+
+def _chunk_text(frame: Any) -> tuple[tuple[Any, str], str] | None:
+    """((session, kind), text) of a streamed text chunk (a session/update), else None."""
+    params = frame.get("params") if isinstance(frame, dict) and frame.get("method") == "session/update" else None
+    update = params.get("update") if isinstance(params, dict) else None
+    if not isinstance(update, dict) or update.get("sessionUpdate") not in _CHUNKS:
+        return None
+    content = update.get("content")
+    if not isinstance(content, dict) or content.get("type") != "text" or not isinstance(content.get("text"), str):
+        return None
+    return (params.get("sessionId"), update["sessionUpdate"]), content["text"]  # type: ignore[union-attr]
+
+
+def _with_text(frame: dict[str, Any], text: str) -> dict[str, Any]:
+    """A chunk frame (see `_chunk_text`) with another text (a copy)."""
+    params = frame["params"]
+    update = params["update"]
+    return {**frame, "params": {**params, "update": {**update, "content": {**update["content"], "text": text}}}}
 
 
 def _mask_mcp_servers(frame: Any) -> Any:

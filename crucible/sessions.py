@@ -47,7 +47,7 @@ from crucible.permissions import (
     ToolKey,
     tool_key_from_acp,
 )
-from crucible.redaction import redact, remember_secret
+from crucible.redaction import held_length, redact, remember_secret
 from crucible.session_store import (
     FLUSH_EVERY,
     SessionMeta,
@@ -757,7 +757,7 @@ async def open_session(opts: SessionOptions, host: BridgeHost, *, process: Agent
                 client = await connect_agent(
                     nursery, opts.agent.argv, extra_env={**opts.agent.env, **opts.extra_env}, cwd=opts.cwd,
                     name=opts.agent.name, init_timeout=opts.init_timeout, record_to=opts.record, record_redact=redact,
-                    process=process,
+                    record_held_length=held_length, process=process,
                 )
             except (AgentStartError, OSError) as exc:
                 raise explain_start_failure(opts.agent, exc, extra_env=opts.extra_env) from None

@@ -178,6 +178,23 @@ STREAMED_SECRET = [{"text": "the key is card-se"}, {"sleep": 0.2}, {"text": "cre
                    {"text": "1e9a"}, {"sleep": 0.2}, {"text": " and that is all"}]
 
 
+def test_a_secret_streamed_in_pieces_is_masked_in_the_recording(chat: Any) -> None:
+    # `--record` masked each frame alone: a key cut across chunks (as a model streams tokens)
+    # was written in two readable halves.
+    _card_with_secrets(chat.kiln)
+    chat.env["CARD_TOKEN"] = CARD_SECRET
+    record = chat.tmp / "rec.jsonl"
+    done = chat.run({"prompts": [STREAMED_SECRET]}, "hello", "--card", "keyed", "--record", str(record))
+    assert done.returncode == 0, done.stderr
+    text = record.read_text()
+    for piece in ("card-se", "cret-5d", "1e9a"):
+        assert piece not in text, piece
+    frames = [json.loads(line)["frame"] for line in text.splitlines()[1:]]
+    chunks = [f["params"]["update"]["content"]["text"] for f in frames if f.get("method") == "session/update"
+              and f["params"]["update"].get("sessionUpdate") == "agent_message_chunk"]
+    assert "".join(chunks) == "the key is *** and that is all"  # the recording still holds the message
+
+
 def test_a_secret_streamed_in_pieces_is_masked_on_stdout_and_in_the_saved_files(chat: Any) -> None:
     _card_with_secrets(chat.kiln)
     chat.env["CARD_TOKEN"] = CARD_SECRET
