@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -30,7 +31,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import mcp_types as types
 import trio
 
-from crucible.plugins.runtime import DEFAULT_MEMORY, LuaPlugin, PluginError, PluginStopped
+from crucible.plugins.runtime import (
+    DEFAULT_MEMORY,
+    ERROR_MAX,
+    LuaPlugin,
+    PluginError,
+    PluginStopped,
+)
 from crucible.plugins.runtime import to_json as lua_to_json
 from crucible.terminal import shown_path
 from mcp_bridge.kiln_api import KilnError, NoteNotFoundError
@@ -54,6 +61,7 @@ _PARAM_TYPES = {"string": "string", "number": "number", "integer": "integer", "b
                 "array": "array", "list": "array", "object": "object", "table": "object"}
 MANIFEST_MAX = 64 * 1024
 MANIFEST_DEPTH = 8
+SEARCH_LIMIT_MAX = 10_000  # hits crucible.search(query, limit) may ask for
 
 PluginState = Literal["loaded", "failed", "disabled", "shadowed"]
 
@@ -258,6 +266,12 @@ def _load(info: PluginInfo, conf: dict[str, Any]) -> None:
         info.reason = str(exc)
     except OSError as exc:
         info.reason = f"cannot read {info.main.name if info.main else info.path.name}: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:  # its spec (a name, a key) holds text that is not UTF-8
+        info.reason = (f"plugin '{info.name}': its spec holds text that is not UTF-8 (bad byte at offset "
+                       f"{exc.start}); use UTF-8 text only")
+    except Exception as exc:  # one plugin never takes the others (or the server) down with it
+        logger.exception("plugin %s: loading failed", info.name)
+        info.reason = f"plugin '{info.name}' could not be loaded: {type(exc).__name__}: {str(exc)[:ERROR_MAX]}"
     else:
         info.state, info.reason = "loaded", None
     if info.state != "loaded":
@@ -298,17 +312,25 @@ def _tools(info: PluginInfo, spec: Any) -> list[PluginTool]:
         if lua54.lua_type(tool["fn"]) != "function":
             raise PluginError(f"{here}: `fn` must be a function(args)")
         params: list[_Param] = []
+        seen: set[str] = set()
         raw_params = tool["params"]
         listed = [v for _, v in sorted(raw_params.items(), key=lambda kv: str(kv[0]).zfill(8))] \
             if _is_table(raw_params) else []
         for i, p in enumerate(listed, 1):
             if not _is_table(p) or not p["name"]:
                 raise PluginError(f"{here}: params[{i}] must be {{name=..., type=..., desc=..., optional=...}}")
+            param_name = str(p["name"])
+            if not _NAME.match(param_name):
+                raise PluginError(f"{here}: params[{i}] has the name {param_name[:60]!r}; a parameter's name is a "
+                                  "letter then letters, digits, '_' or '-' (at most 40)")
+            if param_name in seen:
+                raise PluginError(f"{here}: two parameters are named '{param_name}'; give each its own name")
+            seen.add(param_name)
             kind = str(p["type"] or "string")
             if kind not in _PARAM_TYPES:
                 raise PluginError(f"{here}: param '{p['name']}' has type {kind!r}; use one of "
                                   f"{', '.join(sorted(_PARAM_TYPES))}")
-            params.append(_Param(str(p["name"]), _PARAM_TYPES[kind], str(p["desc"] or ""), bool(p["optional"])))
+            params.append(_Param(param_name, _PARAM_TYPES[kind], str(p["desc"] or ""), bool(p["optional"])))
         out.append(PluginTool(info, tool_name, str(tool["desc"] or ""), params, tool["fn"],
                               read_only=bool(tool["read_only"])))
     return out
@@ -330,14 +352,17 @@ def _host_api(info: PluginInfo) -> dict[str, Any]:
             raise KilnError("no kiln here (the host API works during a tool call on a kiln's bridge)")
         return ctx.backend
 
-    def guarded(fn: Any) -> Any:
+    def guarded(name: str, fn: Any) -> Any:
         def call(*args: Any) -> tuple[bool, Any]:
             try:
                 value = fn(*args)
             except KilnError as exc:
                 return (False, kiln_redact(str(exc)))
-            except (TypeError, ValueError) as exc:
-                return (False, f"{fn.__name__}: {exc}")
+            except (TypeError, ValueError, OverflowError, PluginError) as exc:
+                return (False, f"{name}: {str(exc)[:ERROR_MAX]}")
+            except UnicodeDecodeError as exc:  # a table handed over holds text that is not UTF-8
+                return (False, f"{name}: text that is not UTF-8 (bad byte at offset {exc.start}); "
+                               "use UTF-8 text only")
             runtime = info.runtime
             return (True, runtime.to_lua(value) if runtime is not None else value)
 
@@ -371,7 +396,12 @@ def _host_api(info: PluginInfo) -> dict[str, Any]:
         return [{"path": e.path, "size_bytes": e.size_bytes, "modified": e.modified} for e in entries]
 
     def search(query: Any, limit: Any = 10) -> list[dict[str, Any]]:
-        hits = kiln().text_search(_text(query, "query"), int(limit or 10), regex=False, case_sensitive=False)
+        if limit is None or (limit == 0 and not isinstance(limit, bool)):
+            limit = 10  # as before: no limit (or 0) is 10
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not math.isfinite(limit) \
+                or limit != int(limit) or not 1 <= limit <= SEARCH_LIMIT_MAX:
+            raise ValueError(f"limit must be a whole number from 1 to {SEARCH_LIMIT_MAX}, not {str(limit)[:40]}")
+        hits = kiln().text_search(_text(query, "query"), int(limit), regex=False, case_sensitive=False)
         return [{"path": h.path, "title": h.title, "snippet": h.snippet, "score": h.score} for h in hits]
 
     def write_note(path: Any, content: Any, expected_hash: Any = None) -> dict[str, Any]:
@@ -395,7 +425,7 @@ def _host_api(info: PluginInfo) -> dict[str, Any]:
 
     api = {"read_note": read_note, "note_exists": note_exists, "list_notes": list_notes, "search": search,
            "write_note": write_note, "log": log, "json": to_json}
-    return {name: guarded(fn) for name, fn in api.items()}
+    return {name: guarded(name, fn) for name, fn in api.items()}
 
 
 # --- tools -----------------------------------------------------------------------------------
@@ -525,7 +555,23 @@ class PluginHost:
         self._tools: dict[str, PluginTool] = {}
 
     def index(self) -> None:
-        self._tools = {t.name: t for p in self.plugins if p.state == "loaded" for t in p.tools}
+        """The tools by name. `lua_<plugin>_<tool>` can come out the same for two plugins (`a` with
+        `b_c`, `a_b` with `c`): the plugin found first (the search order) keeps its tools, the
+        other is refused with the reason, so neither is silently replaced."""
+        self._tools = {}
+        for p in self.plugins:
+            if p.state != "loaded":
+                continue
+            clash = next((t for t in p.tools if t.name in self._tools), None)
+            if clash is not None:
+                first = self._tools[clash.name]
+                p.state = "failed"
+                p.reason = (f"plugin '{p.name}': its tool '{clash.tool}' would be named {clash.name}, like tool "
+                            f"'{first.tool}' of plugin '{first.plugin.name}' (found first, kept); rename one")
+                logger.warning("plugin %s refused: %s", p.name, p.reason)
+                p.tools, p.runtime = [], None
+                continue
+            self._tools.update((t.name, t) for t in p.tools)
 
     def tools(self) -> list[PluginTool]:
         return list(self._tools.values())
