@@ -471,7 +471,7 @@ class PluginTool:
         problems = []
         for name in args:
             if name not in known:
-                problems.append(f"unknown argument '{name}' (accepted: {', '.join(known) or 'none'})")
+                problems.append(f"unknown argument {str(name)[:200]!r} (accepted: {', '.join(known) or 'none'})")
         for p in self.params:
             if p.name not in args or args[p.name] is None:
                 if not p.optional:
