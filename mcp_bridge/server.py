@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import fcntl
 import hmac
+import json
 import logging
 import math
 import os
+import re
 import secrets
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -31,14 +33,15 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import (
     PromptsListChanged,
     ResourcesListChanged,
     ResourceUpdated,
     ToolsListChanged,
 )
-from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
-from pydantic import BaseModel, ConfigDict, Field
+from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcp_bridge.dispatch import AskFn, Decision, Dispatcher, Policy, Tool
 from mcp_bridge.gateway import Gateway
@@ -496,13 +499,10 @@ class BridgeServer:
 
     async def serve_stdio(self) -> None:
         """Serve one client on this process's stdin/stdout until it closes."""
-        from mcp.server.stdio import stdio_server  # the stdio transport: only when serving on stdio
-
-        async with anyio.create_task_group() as tg, _native_stdio() as native:
+        async with anyio.create_task_group() as tg:
             self.expect_watcher()
             tg.start_soon(self.run_watcher)
-            stdin, stdout = native or (None, None)
-            async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+            async with _stdio_streams() as (read_stream, write_stream):
                 await self.server.run(read_stream, write_stream, self.initialization_options())
             tg.cancel_scope.cancel()
 
@@ -511,20 +511,74 @@ class BridgeServer:
         await self.server.run(read_stream, write_stream, self.initialization_options())
 
 
-class _LineReader:
-    """A non-blocking pipe's lines, as the SDK's stdio_server reads `anyio.AsyncFile` lines."""
+# The longest line (one message) read from a stdin pipe. Notes up to 10 MiB are read and written
+# whole in one message, and JSON escapes can make text up to six times longer on the wire (a
+# control character is `\u0001`, six bytes; a quote or a line break two), so 64 MiB carries the
+# largest legitimate note even in that worst case, with room for the envelope. A longer line is
+# skipped up to its newline without being held (only counted) and answered with an error.
+MAX_FRAME_BYTES = 64 << 20
+# Bytes: a lower cap for `cru mcp` (tests set it; sending 64 MiB in a test takes too long).
+MAX_FRAME_ENV = "CRUCIBLE_MCP_MAX_FRAME"
 
-    def __init__(self, stream: Any) -> None:
+
+def _max_frame() -> int:
+    try:
+        value = int(os.environ.get(MAX_FRAME_ENV, ""))
+    except ValueError:
+        return MAX_FRAME_BYTES
+    return value if value > 0 else MAX_FRAME_BYTES
+
+
+def _size(n: int) -> str:
+    if n < 1 << 10:
+        return f"{n} bytes"
+    if n < 1 << 20:
+        return f"{math.ceil(n / (1 << 10))} KiB"
+    return f"{math.ceil(n * 10 / (1 << 20)) / 10:g} MiB"  # rounded up: never "64 MiB is over 64 MiB"
+
+
+class _LineReader:
+    """A non-blocking pipe's lines, as the SDK's stdio_server reads `anyio.AsyncFile` lines; a
+    line over `max_frame` bytes is not passed on but answered through `refuse`."""
+
+    def __init__(self, stream: Any, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._stream = stream
+        self.max_frame = max_frame
+        # Sends an answer to the client: set once the SDK's write stream exists (else logged only).
+        self.refuse: Callable[[types.JSONRPCError], Awaitable[None]] | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        buffer = b""
+        # A line's pieces are kept in a list and joined once, at its newline: a line of many
+        # chunks costs its length, not its length squared (`buffer + chunk` for every chunk did).
+        parts: list[bytes] = []
+        size = 0  # the line's bytes so far, still counted past the cap
         while chunk := await self._stream.receive_some(1 << 16):
-            *lines, buffer = (buffer + chunk).split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8", "replace") + "\n"
-        if buffer:
-            yield buffer.decode("utf-8", "replace")
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                size += end - start
+                if size <= self.max_frame:
+                    parts.append(chunk[start:end])
+                    yield b"".join(parts).decode("utf-8", "replace") + "\n"
+                else:
+                    await self._over_cap(size)
+                parts, size, start = [], 0, end + 1
+            if start < len(chunk):
+                size += len(chunk) - start
+                if size <= self.max_frame:
+                    parts.append(chunk[start:] if start else chunk)
+                else:
+                    parts = []  # over the cap: the rest of this line is only counted
+        if size > self.max_frame:
+            await self._over_cap(size)
+        elif size:
+            yield b"".join(parts).decode("utf-8", "replace")
+
+    async def _over_cap(self, size: int) -> None:
+        message = (f"a message of {_size(size)} is over the {_size(self.max_frame)} this server "
+                   "reads; it was skipped: send less in one message")
+        logger.warning("stdin: %s", message)
+        if self.refuse is not None:
+            await self.refuse(_error_answer(None, INVALID_REQUEST, message))
 
 
 class _Writer:
@@ -538,6 +592,205 @@ class _Writer:
 
     async def flush(self) -> None:
         pass
+
+
+# --- frames the SDK cannot read ------------------------------------------------------------
+#
+# The SDK's stdio transport parses each line once (pydantic) and, when that fails, sends the
+# ValidationError into the read stream, where the server only logs it: the client's request
+# then waits forever. `_Answering` takes those errors off the stream and works out an answer
+# from them alone (a JSON error carries its line as the input; a model error the parsed
+# object), so a well-formed line is still parsed once, and only a failed one again.
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# What to do, by the parser's reason (pydantic-core's JSON parser: its limits).
+_UNREADABLE_HINTS = (
+    ("recursion limit exceeded", "JSON nested 200 deep or more is not read: nest it less deeply"),
+    ("number out of range", "numbers of more than 4300 digits are not read: send them as strings"),
+)
+_UNKNOWN = object()  # no top-level value found in a validation error
+
+
+def _error_answer(request_id: str | int | None, code: int, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
+
+
+def _request_id(obj: Any) -> str | int | None:
+    """A request's own id, when `obj` is one (a JSON object with a method and a string or
+    integer id); else None, as JSON-RPC answers what it cannot tie to a request."""
+    if not isinstance(obj, dict) or "method" not in obj:
+        return None
+    found = obj.get("id")
+    if isinstance(found, str) or (isinstance(found, int) and not isinstance(found, bool)):
+        return found
+    return None
+
+
+def _int_or_none(digits: str) -> int | None:
+    return int(digits) if len(digits) <= 4300 else None  # past Python's own conversion limit
+
+
+def _salvage(exc: ValidationError, *, mend: bool = True) -> SessionMessage | types.JSONRPCError | None:
+    """What becomes of a line the SDK could not read: the message, mended (a lone surrogate in a
+    string made U+FFFD); an error answer; or None (a blank line: nothing to answer)."""
+    errors = exc.errors()
+    if errors and errors[0]["type"] == "json_invalid":
+        line = errors[0].get("input")
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", "replace")
+        reason = str(errors[0]["msg"]).removeprefix("Invalid JSON: ")
+        if not isinstance(line, str):
+            return _error_answer(None, PARSE_ERROR, f"not JSON: {reason}")
+        return _unreadable(line, reason, mend)
+    return _invalid(_top_value(errors), errors)
+
+
+def _unreadable(line: str, reason: str, mend: bool) -> SessionMessage | types.JSONRPCError | None:
+    if not line.strip():
+        return None
+    try:
+        obj: Any = json.loads(line, parse_int=_int_or_none)
+    except (ValueError, RecursionError):
+        obj = _UNKNOWN
+    if mend and obj is not _UNKNOWN and ("\\ud" in line or "\\uD" in line):
+        # JSON's `\ud800` escape alone: the SDK's parser refuses it. Made U+FFFD, as a UTF-8
+        # decoder does with a broken byte (the ACP connection does the same), and served.
+        text = json.dumps(obj, ensure_ascii=False)
+        if _LONE_SURROGATE.search(text):
+            mended = _LONE_SURROGATE.sub("\ufffd", text)
+            try:
+                return SessionMessage(types.jsonrpc_message_adapter.validate_json(mended, by_name=False))
+            except ValidationError as again:
+                return _salvage(again, mend=False)
+    hint = next((hint for key, hint in _UNREADABLE_HINTS if key in reason), None)
+    if hint is not None:
+        message = f"the message cannot be read ({reason}): {hint}"
+    elif obj is _UNKNOWN:
+        message = f"not JSON: {reason}; send one JSON-RPC message, a JSON object, per line"
+    else:
+        message = f"the message cannot be read: {reason}"
+    return _error_answer(_request_id(obj), PARSE_ERROR, message)
+
+
+def _top_value(errors: list[Any]) -> Any:
+    """The parsed line a model error was about: the input of an error about the message itself
+    (the union's branch alone in its location) or of a field missing from it."""
+    for error in errors:
+        loc = error.get("loc", ())
+        if len(loc) == 1 or (len(loc) == 2 and error.get("type") == "missing"):
+            return error.get("input", _UNKNOWN)
+    return _UNKNOWN
+
+
+def _invalid(top: Any, errors: list[Any]) -> types.JSONRPCError:
+    if isinstance(top, list):
+        return _error_answer(None, INVALID_REQUEST,
+                             "a batch (a JSON array) is not read: send each message, a JSON object, on its own line")
+    if not isinstance(top, dict):
+        what = "something else" if top is _UNKNOWN else type(top).__name__ if top is not None else "null"
+        return _error_answer(None, INVALID_REQUEST,
+                             f"a message must be a JSON-RPC message, a JSON object, not {what}")
+    if "method" in top:
+        kind, branch = ("request", "JSONRPCRequest") if "id" in top else ("notification", "JSONRPCNotification")
+    elif "result" in top:
+        kind, branch = "response", "JSONRPCResponse"
+    elif "error" in top:
+        kind, branch = "error response", "JSONRPCError"
+    else:
+        kind, branch = "message", "JSONRPCRequest"
+    mine = [e for e in errors if tuple(e.get("loc", ()))[:1] == (branch,)] or errors
+    what = "; ".join(_describe(kind, e) for e in mine[:3])
+    if kind == "message":
+        what += ' (a request is an object with "jsonrpc": "2.0", an "id", a "method" and its "params")'
+    return _error_answer(_request_id(top), INVALID_REQUEST, what)
+
+
+def _describe(kind: str, error: Any) -> str:
+    field = ".".join(str(part) for part in tuple(error.get("loc", ()))[1:])
+    msg = str(error.get("msg", "invalid"))
+    if error.get("type") == "missing" and field:
+        return f"the {kind} has no {field}"
+    if not field:
+        return f"the {kind}: {msg}"
+    if msg.startswith("Input should be "):
+        return f"the {kind}'s {field} must be {msg.removeprefix('Input should be ')}"
+    return f"the {kind}'s {field}: {msg}"
+
+
+class _Answering:
+    """The SDK's stdio read stream without the lines it could not read: a mended message is
+    passed on; any other is answered on the write stream (`_salvage`), and never reaches the
+    server (which would only log it)."""
+
+    def __init__(self, inner: Any, write_stream: Any) -> None:
+        self._inner = inner
+        self._write = write_stream
+
+    @property
+    def last_context(self) -> Any:  # the dispatcher runs each message in its sender's context
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, ValidationError):
+                return item
+            try:
+                outcome = _salvage(item)
+            except Exception:
+                logger.exception("stdin: working out the answer to an unreadable message failed")
+                outcome = _error_answer(None, PARSE_ERROR, "the message cannot be read")
+            if isinstance(outcome, SessionMessage):
+                return outcome
+            if outcome is not None:
+                logger.info("stdin: answered an unreadable message (id %r): %s", outcome.id, outcome.error.message)
+                await _send_quietly(self._write, outcome)
+
+    def __aiter__(self) -> _Answering:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Answering:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _send_quietly(write_stream: Any, answer: types.JSONRPCError) -> None:
+    try:
+        await write_stream.send(SessionMessage(answer))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass  # the client is gone: nobody to answer
+
+
+@asynccontextmanager
+async def _stdio_streams() -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's stdio transport on this process's stdin and stdout (trio's streams when they
+    are pipes, `_native_stdio`), every line it cannot read answered (`_Answering`). On the pipes
+    a line over the cap is answered too; on other files (a terminal, a regular file) the SDK
+    reads lines itself, with no cap."""
+    from mcp.server.stdio import stdio_server  # the stdio transport: only when serving on stdio
+
+    async with _native_stdio() as native, stdio_server(*(native or (None, None))) as (read_stream, write_stream):
+        if native is not None:
+
+            async def refuse(answer: types.JSONRPCError) -> None:
+                await _send_quietly(write_stream, answer)
+
+            native[0].refuse = refuse
+        yield _Answering(read_stream, write_stream), write_stream
 
 
 @asynccontextmanager
@@ -567,7 +820,7 @@ async def _native_stdio() -> AsyncIterator[tuple[Any, Any] | None]:
     # FdStream owns the duplicates: closing it restores their blocking mode, then closes them.
     reader, writer = trio.lowlevel.FdStream(wire_in), trio.lowlevel.FdStream(wire_out)
     try:
-        yield _LineReader(reader), _Writer(writer)
+        yield _LineReader(reader, _max_frame()), _Writer(writer)
     finally:
         os.dup2(wire_in, 0)
         os.dup2(wire_out, 1)
@@ -846,7 +1099,6 @@ async def relay_stdio(url: str, token: str) -> None:
     # the relay's HTTP client and the stdio server: only `cru mcp --connect`
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.server.stdio import stdio_server
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -855,8 +1107,7 @@ async def relay_stdio(url: str, token: str) -> None:
         try:
             async with (
                 streamable_http_client(url, http_client=http) as (up_read, up_write),
-                _native_stdio() as native,
-                stdio_server(*(native or (None, None))) as (down_read, down_write),
+                _stdio_streams() as (down_read, down_write),
                 anyio.create_task_group() as tg,
             ):
 
