@@ -74,6 +74,10 @@ def note_uri(path: str) -> str:
     return NOTE_URI_PREFIX + quote(path, safe="/")
 
 
+# The most notes subscribed to at once (resources/subscribe), all clients together.
+MAX_SUBSCRIBED = 10_000
+
+
 def uri_to_path(uri: str) -> str:
     if not uri.startswith(NOTE_URI_PREFIX):
         raise MCPError(INVALID_PARAMS, f"Unknown resource {uri!r}: notes are {NOTE_URI_PREFIX}<path>")
@@ -414,9 +418,17 @@ class BridgeServer:
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
-        uri_to_path(str(params.uri))
+        path = uri_to_path(str(params.uri))
+        if path.startswith("/") or ".." in path.replace("\\", "/").split("/"):
+            raise MCPError(INVALID_PARAMS, f"Unknown resource {str(params.uri)[:200]!r}: a note's path is relative to "
+                                           "the kiln, without '..'")
         await self._until_watching()
-        sessions = self._subscribers.setdefault(str(params.uri), [])
+        uri = str(params.uri)
+        if uri not in self._subscribers and len(self._subscribers) >= MAX_SUBSCRIBED:
+            # Each subscription is kept until unsubscribed: bounded, as a client may send a million.
+            raise MCPError(INVALID_PARAMS, f"{MAX_SUBSCRIBED} notes are subscribed already; unsubscribe some "
+                                           "(resources/unsubscribe), or watch the list (resources/list_changed)")
+        sessions = self._subscribers.setdefault(uri, [])
         if ctx.session not in sessions:
             sessions.append(ctx.session)
         return types.EmptyResult()
@@ -427,6 +439,8 @@ class BridgeServer:
         sessions = self._subscribers.get(str(params.uri), [])
         if ctx.session in sessions:
             sessions.remove(ctx.session)
+        if not sessions:
+            self._subscribers.pop(str(params.uri), None)
         return types.EmptyResult()
 
     async def notes_changed(self, paths: list[str]) -> None:

@@ -479,7 +479,11 @@ def read_note(root: Path, rel: str) -> Note:
     path = resolve_in_kiln(root, rel, must_exist=True)
     clean = PurePosixPath(rel.strip().replace("\\", "/")).as_posix()
     if path.is_dir():
-        raise NoteReadError(f"{clean}: is a folder, not a note", reason="folder")
+        if clean == ".":
+            raise NoteReadError("no note named: the path is empty", reason="folder",
+                                fix="give a note's path, e.g. 'folder/note.md' (list_notes shows them)")
+        raise NoteReadError(f"{clean}: is a folder, not a note", reason="folder",
+                            fix="give a note's path in it (list_notes with this folder shows them)")
     try:
         # Opened relative to the kiln's folders, never through a symlink: a folder swapped
         # for a link to elsewhere after the check above is refused, not read.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -232,7 +233,8 @@ def resolve_in_kiln(
         raise KilnPathError(f"{shown_rel(rel)}: links to a file that is not a .md note",
                             fix="write to a .md note", rel=rel)
     if for_write and resolved.is_dir():
-        raise KilnPathError(f"{shown_rel(rel)}: is a folder, not a note", rel=rel)
+        raise KilnPathError(f"{shown_rel(rel)}: is a folder, not a note", rel=rel,
+                            fix="give a note's path in it, e.g. 'folder/note.md'")
     if must_exist and not resolved.exists():
         raise KilnNotFoundError(f"{shown_rel(rel)}: no such file in the kiln",
                                 fix="list the notes to find the right path", rel=rel)
@@ -265,6 +267,10 @@ def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> in
                         pass  # made meanwhile by another writer: opened below if still a folder
                     step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as e:
+                if e.errno == errno.ENOTDIR and not _is_link(fd, part):
+                    rel = "/".join(parts[: i + 1])
+                    raise KilnPathError(f"{shown_rel(rel)} is a file, not a folder, so nothing can be in it",
+                                        fix="choose a path whose folders are folders", rel=rel) from None
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise swapped_error("/".join(parts[: i + 1])) from None
                 raise
@@ -274,6 +280,13 @@ def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> in
     except BaseException:
         os.close(fd)
         raise
+
+
+def _is_link(folder_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return True  # gone meanwhile: changing under us, as a swap is
 
 
 def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666) -> int:

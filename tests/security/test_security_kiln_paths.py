@@ -5,6 +5,7 @@ with a clear message — no traceback, no absolute path, no "Internal server err
 from __future__ import annotations
 
 import shlex
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,16 @@ async def test_a_new_notes_name_with_control_direction_or_trailing_characters_is
             result = await client.call_tool(tool, args)
             text = _texts(result)
             assert result.is_error and "\\x1b" in text and "\x1b" not in text, (tool, text)
+        # Messages that say what happened: a note used as a folder, an empty path, a subscription
+        # outside the kiln (once accepted and kept).
+        inside = await client.call_tool("create_note", {"path": "Real.md/x.md", "content": "x"})
+        assert "'Real.md' is a file, not a folder" in _texts(inside) and "symbolic link" not in _texts(inside)
+        empty = await client.call_tool("read_note", {"path": ""})
+        assert "the path is empty" in _texts(empty) and "list_notes shows them" in _texts(empty)
+    async with Client(_server(cru_bin, kiln, clean_env, errlog), mode="legacy") as legacy:  # its subscribe
+        with warnings.catch_warnings(), pytest.raises(Exception, match="without '..'"):
+            warnings.simplefilter("ignore")  # the legacy era's subscribe is deprecated in the SDK
+            await legacy.subscribe_resource("kiln://notes/../../etc/passwd")
     assert "Traceback" not in errlog.read_text()
 
 
