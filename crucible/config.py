@@ -461,9 +461,12 @@ def _finish_mcp_servers(servers: list[McpServerConfig], raw_servers: Any, file: 
         if not _PREFIX.match(prefix):
             raise bad("prefix", f"{prefix!r} must start with a letter, hold only letters, digits, '_' and '-', "
                       "and end in '_'", f"e.g. prefix = \"{server.name.replace('-', '_')}_\"")
-        if prefix in RESERVED_PREFIXES:
-            raise bad("prefix", f"{prefix!r} is reserved for Crucible's Lua plugin tools",
-                      "choose another prefix")
+        if prefix.startswith(RESERVED_PREFIXES):  # `lua_bomb_` would pass its tools off as a plugin's
+            reserved = next(r for r in RESERVED_PREFIXES if prefix.startswith(r))
+            example = prefix[len(reserved):] or "srv_"
+            raise bad("prefix", f"{prefix!r} starts with {reserved!r}, which is reserved for Crucible's Lua plugin "
+                      f"tools (its tools would pass for a plugin's, and fall under a card's \"{reserved}*\" rules)",
+                      f"choose a prefix that does not start with {reserved!r}, e.g. prefix = \"{example}\"")
         t = server.transport
         if t.type == "stdio":
             if not t.command:

@@ -18,7 +18,9 @@ client), declined when nobody can answer. Sampling is not offered to upstreams (
 no model of its own to send it to), so the SDK declines it.
 
 Secrets (`{env:VAR}` values, header and env values) are replaced by their names in every text
-this module lets out: results, errors, stderr tails, logs.
+this module lets out: results, errors, stderr tails, logs, and the lists themselves (a tool,
+prompt or resource whose name holds a secret is left out, with a log line: a redacted name
+could not be called).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from typing import Any, Literal, Protocol
 
 import anyio
 import mcp_types as types
+from mcp_types import CONNECTION_CLOSED
 
-from mcp_bridge.tools import ElicitFn, ProgressReporter, ToolContext, ToolError
+from mcp_bridge.tools import KILN_TOOLS, ElicitFn, ProgressReporter, ToolContext, ToolError
 
 logger = logging.getLogger("mcp_bridge.gateway")
 
@@ -55,8 +58,17 @@ STDERR_LINE_MAX = 400
 # Bounds on what an upstream may hand us (it is hostile until bounded).
 LIST_PAGES_MAX = 50
 DESCRIPTION_MAX = 8192
-# The MCP spec's tool name characters; anything else is left out (with a log line).
+# Tools taken from one server: past this many (an agent cannot choose among more), the rest are
+# left out with a log line.
+TOOLS_MAX = 1000
+# How long a call that lost its connection waits for the supervisor to learn why (the server's
+# exit, its last stderr lines) before it answers with what it knows.
+LOST_WHY_WAIT = 5.0
+# The MCP spec's tool name characters and length (of the prefixed name); anything else is left
+# out (with a log line).
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+# Names the bridge keeps for its own tools besides the kiln tools (past the schema budget).
+_BRIDGE_META_TOOLS = ("discover_tools", "get_tool_schema", "invoke_tool")
 
 UpstreamState = Literal["idle", "starting", "up", "down", "stopped"]
 
@@ -98,6 +110,9 @@ class Redactor:
     def __init__(self, secrets: Mapping[str, str]) -> None:
         # Longest first, so a secret containing another is replaced whole.
         self._pairs = sorted(((v, n) for v, n in secrets.items() if v), key=lambda p: -len(p[0]))
+
+    def holds_secret(self, text: str) -> bool:
+        return any(value in text for value, _ in self._pairs)
 
     def text(self, text: str) -> str:
         for value, name in self._pairs:
@@ -178,6 +193,9 @@ class Upstream:
         self._settled = anyio.Event()  # the current connection attempt is up or failed
         self._lost = anyio.Event()
         self._lost_reason = ""
+        self._went_down = anyio.Event()  # the current connection is over and `last_error` says why
+        self._ending = anyio.Event()  # the current connection's transport is being torn down
+        self._connect_scope: anyio.CancelScope | None = None  # while connecting (handshake, first lists)
         self._dirty: set[str] = set()
         self._dirty_event = anyio.Event()
         self._callers: list[Caller] = []
@@ -221,6 +239,8 @@ class Upstream:
                 self._settled = anyio.Event()
             self._lost = anyio.Event()
             self._lost_reason = ""
+            self._went_down = anyio.Event()
+            self._ending = anyio.Event()
             try:
                 async with self._connected() as client:
                     self._client = client
@@ -237,7 +257,9 @@ class Upstream:
                         tg.cancel_scope.cancel()
                     self.last_error = self.redact.text(self._lost_reason or "the connection closed")
             except Exception as exc:  # the connection failed or dropped: say why, then retry
-                self.last_error = self.redact.text(_describe(exc, self.spec))
+                # What ended it, when we know (a line past the bound, an unreadable message, the
+                # server's exit), says more than the SDK's `Connection closed`.
+                self.last_error = self.redact.text(self._lost_reason or _describe(exc, self.spec))
             finally:
                 self._client = None
             self.state = "down"
@@ -248,6 +270,7 @@ class Upstream:
                                   + (f" (its stderr: {tail})" if tail else ""))
             logger.log(logging.DEBUG if down == self._down_said else logging.WARNING, "%s", down)
             self._down_said = down
+            self._went_down.set()
             self._settle()
             if not self.spec.auto_reconnect:
                 self.state = "stopped"
@@ -266,9 +289,12 @@ class Upstream:
             await self._settled.wait()
 
     def _lost_now(self, reason: str) -> None:
+        """The connection is over (or, while connecting, the attempt fails) for `reason`."""
         if not self._lost.is_set():
             self._lost_reason = reason
             self._lost.set()
+        if self._connect_scope is not None:
+            self._connect_scope.cancel()
 
     @asynccontextmanager
     async def _connected(self) -> AsyncIterator[Any]:
@@ -289,12 +315,19 @@ class Upstream:
         # One scope around the whole connection (the client's task groups live inside it): its
         # deadline bounds the handshake and the first listing, then it is lifted.
         with anyio.CancelScope(deadline=anyio.current_time() + CONNECT_TIMEOUT) as scope:
-            async with client:
-                self.capabilities = client.server_capabilities
-                await self._refresh(client, {"tools", "resources", "prompts"})
-                scope.deadline = math.inf
-                yield client
+            self._connect_scope = scope
+            try:
+                async with client:
+                    self.capabilities = client.server_capabilities
+                    await self._refresh(client, {"tools", "resources", "prompts"})
+                    scope.deadline = math.inf
+                    self._connect_scope = None
+                    yield client
+            finally:
+                self._connect_scope = None
         if scope.cancelled_caught:
+            if self._lost_reason:  # ended early, for a reason (see `_lost_now`)
+                raise ConnectionError(self._lost_reason)
             raise TimeoutError("the MCP handshake took too long")
 
     def _transport(self) -> Any:
@@ -315,10 +348,14 @@ class Upstream:
             streamable_http_client,  # each transport's client loads only when an upstream uses it
         )
 
-        from mcp_bridge.upstream_http import bounded_http_client  # (the HTTP stack with it)
+        from mcp_bridge.upstream_http import (  # (the HTTP stack with it)
+            SSE_EVENT_MAX_BYTES,
+            bounded_http_client,
+        )
 
         async with (bounded_http_client(headers=dict(self.spec.headers) or None) as http,
-                    streamable_http_client(self.spec.url or "", http_client=http) as streams):
+                    streamable_http_client(self.spec.url or "", http_client=http,
+                                           max_sse_event_size=SSE_EVENT_MAX_BYTES) as streams):
             yield streams
 
     @asynccontextmanager
@@ -398,24 +435,30 @@ class Upstream:
             SessionMessage,  # with the SDK's client, when an upstream starts
         )
 
+        ending = self._ending
         async with inner as (read_stream, write_stream):
             send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
             async def pump() -> None:
                 try:
-                    async with send:
+                    try:
                         async for item in read_stream:
                             await send.send(item)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        pass
+                    # The stream ended (not our own teardown, a cancel): said before the session
+                    # sees the end, so a call that ends with the SDK's `Connection closed` finds
+                    # the connection lost (see `call`).
+                    self._lost_now(_SERVER_GONE)
                 finally:
-                    self._lost_now("the server closed the connection (it exited or dropped)")
+                    send.close()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(pump)
                 try:
-                    yield receive, write_stream
+                    yield receive, _WatchedSend(write_stream, self._lost_now)
                 finally:
+                    ending.set()  # (the SDK's own failure, e.g. an HTTP server that cannot be reached)
                     tg.cancel_scope.cancel()
 
     # -- lists ---------------------------------------------------------------------------------
@@ -445,32 +488,66 @@ class Upstream:
                                          "resources")
             templates = await _all_pages(
                 lambda c: client.list_resource_templates(cursor=c, cache_mode="bypass"), "resource_templates")
-            self.resources = [r.model_copy(update={"name": self.spec.prefix + r.name}) for r in resources]
-            self.templates = [t.model_copy(update={"name": self.spec.prefix + t.name}) for t in templates]
+            self.resources = [self._redacted(r.model_copy(update={"name": self.spec.prefix + r.name}))
+                              for r in resources if self._secret_free("resource", r.name, str(r.uri))]
+            self.templates = [self._redacted(t.model_copy(update={"name": self.spec.prefix + t.name}))
+                              for t in templates if self._secret_free("resource template", t.name, t.uri_template)]
         if "prompts" in kinds and caps is not None and caps.prompts is not None:
             prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="bypass"), "prompts")
-            self.prompts = {self.spec.prefix + p.name: (p.name, p.model_copy(update={"name": self.spec.prefix + p.name}))
-                            for p in prompts if _TOOL_NAME.match(p.name)}
+            self.prompts = {self.spec.prefix + p.name:
+                            (p.name, self._redacted(p.model_copy(update={"name": self.spec.prefix + p.name})))
+                            for p in prompts if _TOOL_NAME.match(p.name) and self._secret_free("prompt", p.name)}
+
+    def _secret_free(self, kind: str, name: str, *more: str) -> bool:
+        """False (with a log line) when what names an item holds a secret: shown redacted, it
+        could not be called (or read) by that name, so it is left out."""
+        if not any(self.redact.holds_secret(text) for text in (name, *more)):
+            return True
+        logger.warning("MCP server %s: left out the %s %r: its name holds a secret (shown here by its name)",
+                       self.spec.name, kind, self.redact.text(name)[:80])
+        return False
+
+    def _redacted(self, item: Any) -> Any:
+        """A listed item (tool, prompt, resource) with the secrets in its texts (descriptions,
+        titles, schemas) replaced by their names."""
+        data = item.model_dump(by_alias=True, mode="json", exclude_none=True)
+        clean = self.redact.deep(data)
+        return item if clean == data else type(item).model_validate(clean)
 
     def _accept_tools(self, listed: list[types.Tool]) -> dict[str, GatewayTool]:
         accepted: dict[str, GatewayTool] = {}
         for tool in listed:
-            if not _TOOL_NAME.match(tool.name):
-                logger.warning("MCP server %s: left out a tool with an unusable name %r", self.spec.name,
-                               tool.name[:80])
+            name = self.spec.prefix + tool.name
+            if not _TOOL_NAME.match(tool.name) or not _TOOL_NAME.match(name):
+                what = "is longer than 128 characters with its prefix" if _TOOL_NAME.match(tool.name) else \
+                    "is not a usable MCP tool name"
+                logger.warning("MCP server %s: left out the tool %r: its name %s", self.spec.name,
+                               self.redact.text(tool.name[:80]), what)
+                continue
+            if not self._secret_free("tool", tool.name):
                 continue
             if not self.spec.allows(tool.name):
                 continue
-            update: dict[str, Any] = {"name": self.spec.prefix + tool.name}
+            if len(accepted) >= TOOLS_MAX:
+                logger.warning("MCP server %s lists more than %d tools: the rest are left out (narrow them with "
+                               "allowed_tools)", self.spec.name, TOOLS_MAX)
+                break
+            update: dict[str, Any] = {"name": name}
             if tool.description and len(tool.description) > DESCRIPTION_MAX:
                 update["description"] = tool.description[:DESCRIPTION_MAX] + " […]"
-            prefixed = tool.model_copy(update=update)
+            prefixed = self._redacted(tool.model_copy(update=update))
             accepted[prefixed.name] = GatewayTool(self, tool.name, prefixed)
         return accepted
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
-            logger.debug("MCP server %s: transport error: %s", self.spec.name, self.redact.text(str(message)))
+            why = self.redact.text(_unreadable(message))
+            if self.state == "starting" and self._connect_scope is not None:
+                # Its handshake or first listing will not come: the attempt fails now, with this
+                # reason (not the handshake's time limit), and is retried with backoff.
+                self._lost_now(why)
+            else:
+                logger.warning("MCP server %s: %s", self.spec.name, why)
             return
         kind: str | None = None
         if isinstance(message, types.ToolListChangedNotification):
@@ -517,21 +594,25 @@ class Upstream:
         from mcp.shared.exceptions import (
             MCPError,  # with the SDK's client, when an upstream is called
         )
-        from mcp_types import CONNECTION_CLOSED  # (as above)
 
         client = await self._ready_client()
+        lost, ending, went_down = self._lost, self._ending, self._went_down  # this connection's
         self._callers.append(caller)
         try:
             result = await client.call_tool(original, arguments, progress_callback=caller.progress)
         except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                self._lost_now("the connection closed during a call")
-                raise ToolError(self.down_message()) from None
-            raise ToolError(self.redact.text(f"MCP server '{self.spec.name}' refused the call: {exc.error.message}")
-                            ) from None
+            # -32000 is both the SDK's "connection closed" and the first code of JSON-RPC's
+            # server-error range, which a server may answer with: only a connection that did end
+            # (its stream, watched by `_watched`) is one.
+            if exc.code == CONNECTION_CLOSED and exc.error.message == "Connection closed":
+                with anyio.move_on_after(LOST_WHY_WAIT):  # the SDK saw the end first: our watch is next
+                    await _first_of(lost, ending)
+            if exc.code == CONNECTION_CLOSED and (lost.is_set() or ending.is_set()):
+                raise ToolError(await self._lost_message(went_down)) from None
+            raise ToolError(self._refusal(exc.error.code, exc.error.message)) from None
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._lost_now("the connection broke during a call")
-            raise ToolError(self.down_message()) from None
+            raise ToolError(await self._lost_message(went_down)) from None
         except Exception as exc:  # e.g. a result that does not match the tool's output schema
             raise ToolError(self.redact.text(f"MCP server '{self.spec.name}': {type(exc).__name__}: {exc}")) from None
         finally:
@@ -539,6 +620,27 @@ class Upstream:
         if not isinstance(result, types.CallToolResult):
             raise ToolError(f"MCP server '{self.spec.name}' answered with a {type(result).__name__}, not a tool result")
         return self.redact.result(result)
+
+    def _refusal(self, code: int, message: str) -> str:
+        """What the agent is told of an error a server answered a call with (the connection goes on)."""
+        if TOO_LONG in message:  # our own bound on an HTTP answer (upstream_http), as the SDK relays it
+            message = message[message.index(TOO_LONG):]
+        elif m := _SSE_TOO_LONG.search(message):  # the SDK's bound on one event of an event stream
+            limit = int(m.group(1))
+            message = f"{TOO_LONG} {_mib(limit)} (the limit for one answer): it was not read; the connection goes on"
+        else:
+            message = f"{message} (error {code})"
+        return _home_as_tilde(self.redact.text(f"MCP server '{self.spec.name}' refused the call: {message}"))
+
+    async def _lost_message(self, went_down: anyio.Event) -> str:
+        """What the agent is told when the connection ended during its call: why, once the
+        supervisor knows (the server's exit and last stderr lines), within a bound."""
+        with anyio.move_on_after(LOST_WHY_WAIT):
+            await went_down.wait()
+        if went_down.is_set():
+            return self.down_message()
+        return _home_as_tilde(self.redact.text(
+            f"MCP server '{self.spec.name}' is down: {self._lost_reason or 'the connection closed during the call'}"))
 
     async def read_resource(self, uri: str) -> types.ReadResourceResult:
         client = await self._ready_client()
@@ -570,6 +672,29 @@ async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -
     return items
 
 
+_SERVER_GONE = "the server exited or closed the connection"
+# How the error for an answer past the bound begins (upstream_http's, or said here of the SDK's).
+TOO_LONG = "the server's answer is longer than"
+# The SDK's words when an event of an event stream passes its bound (httpx2's SSEError).
+_SSE_TOO_LONG = re.compile(r"[Ss]erver-sent event exceeded the (\d+) byte limit")
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    if any(e.is_set() for e in events):
+        return
+    async with anyio.create_task_group() as tg:
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
+
+
 def _template_matches(template: str, uri: str) -> bool:
     """RFC 6570 level-1 matching, enough to route a read: `{var}` matches one path segment or more."""
     parts = re.split(r"\{[^}]*\}", template)
@@ -584,6 +709,22 @@ def _home_as_tilde(text: str) -> str:
     return text.replace(home, "~") if len(home) > 1 and home in text else text
 
 
+def _unreadable(exc: Exception) -> str:
+    """Why a message from a server could not be read, in a line (pydantic's first error, not
+    the whole message echoed back)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            return (f"a message from the server could not be read: {first.get('msg', exc)}"
+                    + (f" (at {where})" if where else ""))[:STDERR_LINE_MAX]
+        except Exception:  # an error shaped otherwise: said as it is
+            pass
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"a message from the server could not be read: {text}"[:STDERR_LINE_MAX]
+
+
 def _describe(exc: BaseException, spec: UpstreamSpec) -> str:
     """One line saying why a connection failed."""
     if isinstance(exc, BaseExceptionGroup):
@@ -596,8 +737,37 @@ def _describe(exc: BaseException, spec: UpstreamSpec) -> str:
         return f"could not start `{spec.command}`: not found (is it installed and on PATH?)"
     if isinstance(exc, OSError) and spec.transport == "stdio":
         return f"could not start `{spec.command}`: {exc.strerror or exc}"
+    error = getattr(exc, "error", None)
+    if getattr(error, "code", None) == CONNECTION_CLOSED and getattr(error, "message", None) == "Connection closed":
+        return _SERVER_GONE  # the SDK's words for it (seen before our watch of the stream said so)
     message = getattr(getattr(exc, "error", None), "message", None) or str(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class _WatchedSend:
+    """A transport's write stream whose failure (the transport is gone: an HTTP server that
+    cannot be reached, a pipe that broke) is said as the connection's end before the session's
+    `Connection closed` reaches a caller."""
+
+    def __init__(self, inner: Any, lost: Callable[[str], None]) -> None:
+        self._inner, self._lost = inner, lost
+
+    async def send(self, item: Any) -> None:
+        try:
+            await self._inner.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._lost("the connection to the server broke: a message could not be sent")
+            raise
+
+    async def __aenter__(self) -> _WatchedSend:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 @dataclass(eq=False)
@@ -697,6 +867,7 @@ class Gateway:
         self._tg: anyio.abc.TaskGroup | None = None
         self._started = False
         self._roots_sent: list[tuple[str, str]] = []
+        self._clash_said: set[tuple[str, str]] = set()
         self.redact = Redactor({k: v for u in self.upstreams.values() for k, v in u.spec.secrets.items()})
 
     def __bool__(self) -> bool:
@@ -749,9 +920,18 @@ class Gateway:
     # -- tools, resources, prompts -----------------------------------------------------------
 
     def reindex(self) -> None:
+        ours = {spec.name for spec in KILN_TOOLS} | set(_BRIDGE_META_TOOLS)
         tools: dict[str, GatewayTool] = {}
         for upstream in self.upstreams.values():
             for name, tool in upstream.tools.items():
+                if name in ours or name.startswith("lua_"):  # (config refuses a `lua_` prefix)
+                    said = (upstream.spec.name, name)
+                    if said not in self._clash_said:
+                        self._clash_said.add(said)
+                        logger.warning("MCP tool %s of server %s is left out: Crucible has a tool of that name, "
+                                       "and Crucible's tool wins (choose another prefix for the server)",
+                                       name, upstream.spec.name)
+                    continue
                 if name in tools:  # two prefixes make one name (`a_` + `b_x`, `a_b_` + `x`): the first wins
                     logger.warning("MCP tool %s of server %s is hidden by the same name from server %s", name,
                                    upstream.spec.name, tools[name].upstream.spec.name)

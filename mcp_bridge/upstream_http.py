@@ -2,9 +2,11 @@
 
 The SDK reads a streamable-HTTP server's JSON answer whole (`response.aread()`), however long:
 a server that sends without end (broken, or hostile) would grow cru's memory without limit.
-Here the transport counts a JSON answer's bytes and fails the read past `BODY_MAX_BYTES`; the
-SDK turns that into an error for that one call, and the connection goes on. An event stream
-(SSE) is left as it is: the SDK bounds each of its events itself (1 MiB).
+Here the transport counts a JSON answer's bytes and fails the read past `BODY_MAX_BYTES` (at
+once when its Content-Length says so); the SDK turns that into an error for that one call (it
+catches a `StreamError`), and the connection goes on. An event stream (SSE) is read by the SDK,
+which bounds each of its events itself: the gateway sets that bound to `BODY_MAX_BYTES` too
+(`SSE_EVENT_MAX_BYTES`), so an answer has the same limit whichever way the server sends it.
 """
 
 from __future__ import annotations
@@ -14,23 +16,37 @@ from collections.abc import AsyncIterator
 import httpx2
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-__all__ = ["BODY_MAX_BYTES", "bounded_http_client"]
+from mcp_bridge.gateway import TOO_LONG
+
+__all__ = ["BODY_MAX_BYTES", "SSE_EVENT_MAX_BYTES", "AnswerTooLong", "bounded_http_client"]
 
 # As a stdio upstream's line (upstream_stdio.LINE_MAX_BYTES): one answer, one message.
 BODY_MAX_BYTES = 32 * 1024 * 1024
+SSE_EVENT_MAX_BYTES = BODY_MAX_BYTES
+
+
+class AnswerTooLong(httpx2.StreamError):
+    """An answer past the bound: a `StreamError`, which the SDK reports for the one call."""
+
+
+def too_long(cap: int, size: int | None = None) -> AnswerTooLong:
+    said = f", and it says it is {size / (1 << 20):.1f} MiB" if size is not None else ""
+    return AnswerTooLong(f"{TOO_LONG} {cap / (1 << 20):g} MiB (the limit for one answer{said}): it was not read; "
+                         "the connection goes on")
 
 
 class _BoundedBody(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, cap: int) -> None:
-        self._inner, self._cap = inner, cap
+    def __init__(self, inner: httpx2.AsyncByteStream, cap: int, size: int | None) -> None:
+        self._inner, self._cap, self._size = inner, cap, size
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._size is not None and self._size > self._cap:
+            raise too_long(self._cap, self._size)
         total = 0
         async for chunk in self._inner:
             total += len(chunk)
             if total > self._cap:
-                raise httpx2.ReadError(f"the server's answer is longer than {self._cap // (1024 * 1024)} MiB "
-                                       "(not an MCP message): it was not read")
+                raise too_long(self._cap)
             yield chunk
 
     async def aclose(self) -> None:
@@ -45,7 +61,8 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
         response = await self._inner.handle_async_request(request)
         if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
             assert isinstance(response.stream, httpx2.AsyncByteStream)
-            response.stream = _BoundedBody(response.stream, self._cap)
+            length = response.headers.get("content-length", "")
+            response.stream = _BoundedBody(response.stream, self._cap, int(length) if length.isdigit() else None)
         return response
 
     async def aclose(self) -> None:

@@ -1,11 +1,16 @@
 """An upstream MCP server for the gateway tests, built with the mcp SDK's `MCPServer`.
 
     python gateway_upstream.py http|http-json|sse|stdio
+    python gateway_upstream.py raw-deep|raw-flood-init   (stdio, a broken server: see `raw`)
 
 HTTP and SSE listen on 127.0.0.1 (a port the OS picks) and print `listening on PORT` on stdout;
 with $UPSTREAM_TOKEN set they refuse requests without `Authorization: Bearer $UPSTREAM_TOKEN`.
 Tools: add, slow, grow (adds a tool and says so with tools/list_changed), ask_sampling,
-elicit_name, elicit_form (a form of the spec's field kinds), crash (the process exits), flood_line (an endless line on stdout), big_answer, auth_header (what Authorization header came).
+elicit_name, elicit_form (a form of the spec's field kinds), crash (the process exits), flood_line (an endless line on stdout), big_answer, auth_header (what Authorization header came),
+fail_with (answers with a JSON-RPC error of the code given), kiln_info (a name a prefix can turn
+into a kiln tool's). With $UPSTREAM_LEAK set: a tool named with it, a tool, a prompt and a
+resource described with it (a server that puts a secret in its lists). With $UPSTREAM_LONG_NAME
+set: a tool whose name has that many characters.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 
 server = MCPServer("gateway-test-upstream")
 WIRE = os.dup(1)  # stdout as the client reads it (the SDK's stdio server diverts fd 1 to stderr)
@@ -125,6 +131,38 @@ def auth_header() -> str:
     return SEEN_AUTH.get("value", "")
 
 
+@server.tool()
+def fail_with(code: int, message: str) -> str:
+    """Answer with a JSON-RPC error of this code and message (not a tool result)."""
+    raise MCPError(code=code, message=message)
+
+
+@server.tool()
+def kiln_info() -> str:
+    """A tool whose name, behind the prefix `get_`, is a kiln tool's."""
+    return "upstream kiln_info"
+
+
+LEAK = os.environ.get("UPSTREAM_LEAK", "")
+if LEAK:
+    def _leaky() -> str:
+        return "leaky"
+
+    server.add_tool(_leaky, name=f"named_{LEAK}", description="a tool named with a secret")
+    server.add_tool(_leaky, name="described", description=f"uses the token {LEAK} to log in")
+
+    @server.prompt(name="leaky_prompt", description=f"a prompt that knows {LEAK}")
+    def leaky_prompt() -> str:
+        return "hi"
+
+    @server.resource("test://leaky", name="leaky_resource", description=f"read with {LEAK}")
+    def leaky_resource() -> str:
+        return "leaky"
+
+if os.environ.get("UPSTREAM_LONG_NAME"):
+    server.add_tool(add, name="n" * int(os.environ["UPSTREAM_LONG_NAME"]), description="a tool with a long name")
+
+
 @server.resource("test://greeting", name="greeting", mime_type="text/plain")
 def greeting() -> str:
     return "hello from upstream"
@@ -152,8 +190,43 @@ def guarded(app: Any) -> Any:
     return asgi
 
 
+def raw(mode: str) -> None:
+    """A stdio server written by hand, broken in one way: raw-deep lists a tool whose schema is
+    nested deeper than the client's JSON parser goes (its answer cannot be read); raw-flood-init
+    answers the handshake with a line over the client's bound (32 MiB)."""
+    import json
+
+    out = sys.stdout
+    print("raw upstream starting", mode, file=sys.stderr, flush=True)
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        method, ident = msg.get("method"), msg.get("id")
+        if method == "initialize":
+            if mode == "raw-flood-init":
+                out.write('{"jsonrpc":"2.0","id":' + json.dumps(ident) + ',"result":"' + "x" * (33 << 20) + '"}\n')
+                out.flush()
+                continue
+            result: dict[str, Any] = {"protocolVersion": msg["params"]["protocolVersion"],
+                                      "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}}
+            out.write(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}) + "\n")
+        elif method == "tools/list":
+            depth = 200
+            schema = '{"type":"object","properties":{"a":' * depth + "{}" + "}}" * depth
+            out.write('{"jsonrpc":"2.0","id":' + json.dumps(ident) + ',"result":{"tools":[{"name":"deep","inputSchema":'
+                      + schema + "}]}}\n")
+        elif ident is not None and method is not None:
+            out.write(json.dumps({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "no"}}) + "\n")
+        out.flush()
+
+
 def main() -> None:
     transport = sys.argv[1] if len(sys.argv) > 1 else "http"
+    if transport.startswith("raw-"):
+        raw(transport)
+        return
     if transport == "stdio":
         server.run("stdio")
         return

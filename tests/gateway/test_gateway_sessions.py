@@ -152,7 +152,7 @@ def test_a_server_that_fails_then_comes_up_is_said_down_once_and_up_again(chat: 
     assert res.returncode == 0, res.stderr
     assert len(starts.read_text().split()) >= 3, res.stderr
     assert res.stderr.count("MCP server flaky is down") == 1, res.stderr
-    assert "MCP server flaky is down: MCPError: Connection closed (its stderr: not ready yet)" in res.stderr
+    assert "MCP server flaky is down: the server exited or closed the connection (its stderr: not ready yet)" in res.stderr
     assert "MCP server flaky is up again (restarts: 2)" in res.stderr
 
 
