@@ -24,13 +24,18 @@ from crucible.kiln.atomic import atomic_write_text
 from crucible.kiln.notes import (
     MAX_NOTE_BYTES,
     Note,
-    NoteReadError,
     clip_title,
     decode_note_bytes,
     parse_note,
     split_frontmatter,
 )
-from crucible.kiln.paths import RESERVED_DIR, KilnPathError, iter_markdown, reserved_dir
+from crucible.kiln.paths import (
+    RESERVED_DIR,
+    KilnPathError,
+    iter_markdown,
+    open_to_read,
+    reserved_dir,
+)
 from crucible.private_files import FILE_MODE
 from mcp_bridge.kiln_api import LineMatch, SearchHit
 
@@ -41,6 +46,16 @@ MAX_LIMIT = 100
 MAX_QUERY_CHARS = 16_384
 # How long one text search may spend matching a regular expression (the tool timeout is 30 s).
 REGEX_BUDGET = 10.0
+# The regex module compiles a counted repeat by writing its item out that many times: x{99999999}
+# took 15 GB to compile, before any deadline applies. So a pattern is measured before it is
+# compiled: a count (the m and n of {m,n}) above MAX_REPEAT, or a pattern whose counted repeats
+# multiply out (nested counts multiply: (a{100}){100} is 10,000) to more than MAX_PATTERN_ITEMS
+# items, is refused. 100,000 items compile in ~0.1 s and ~30 MB.
+MAX_REPEAT = 1000
+MAX_PATTERN_ITEMS = 100_000
+# The first share of processor time one search call may take; doubled for the next call each time
+# a call needs more (see text_search).
+FIRST_SLICE = 0.1
 # What str.splitlines ends a line at: a literal query holding none of them cannot span lines.
 LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
@@ -124,9 +139,9 @@ def _read_text(path: str, size: int, rel: str) -> str | None:
     if size > MAX_NOTE_BYTES:
         return None
     try:
-        with open(path, "rb") as f:
-            return decode_note_bytes(f.read(), rel)
-    except (OSError, NoteReadError):
+        with os.fdopen(open_to_read(path, rel), "rb") as f:  # a named pipe is not read
+            return decode_note_bytes(f.read(MAX_NOTE_BYTES + 1), rel)
+    except (OSError, CrucibleError):  # NoteReadError, NotRegularFileError
         return None
 
 
@@ -268,13 +283,71 @@ def _compile(query: str, regex: bool, case_sensitive: bool) -> Any:
     import regex as rx  # ~30 ms: only a regex query pays for it
 
     flags = rx.MULTILINE | rx.VERSION0 | (0 if case_sensitive else rx.IGNORECASE)
+    pattern = query if regex else rx.escape(query)
     try:
-        return rx.compile(query if regex else rx.escape(query), flags)
-    except rx.error as exc:
+        if regex:
+            _check_size(query, _pattern_items(rx, pattern, flags))
+        return rx.compile(pattern, flags)
+    except (rx.error, ValueError) as exc:  # ValueError: conflicting inline flags, e.g. (?V1)
         raise CrucibleError(
             f"invalid regular expression {query!r}: {exc}",
             "fix the pattern, or search for the literal text without regex",
         ) from None
+    except RecursionError:
+        raise CrucibleError(f"the regular expression {query[:100]!r} nests its groups too deeply",
+                            "use fewer nested parentheses") from None
+
+
+def _check_size(query: str, items: tuple[int, int]) -> None:
+    """Refuse a pattern whose compiled form would be huge (see MAX_REPEAT)."""
+    largest, total = items
+    shown = repr(query if len(query) <= 100 else query[:100] + "…")
+    fix = ("repeat fewer times: use + or * for 'any number', or {0,1000} at most; nested counts "
+           "multiply, so (a{100}){100} is 10,000; or search for the literal text without regex")
+    if largest > MAX_REPEAT:
+        raise CrucibleError(f"the regular expression {shown} repeats something {largest:,} times; "
+                            f"a search allows at most {MAX_REPEAT:,} (a larger count can take "
+                            "gigabytes to compile)", fix)
+    if total > MAX_PATTERN_ITEMS:
+        raise CrucibleError(f"the regular expression {shown} is too large once its repeats are "
+                            f"multiplied out ({total:,} items; a search allows at most "
+                            f"{MAX_PATTERN_ITEMS:,}, as compiling it takes too much memory)", fix)
+
+
+def _pattern_items(rx: Any, pattern: str, flags: int) -> tuple[int, int]:
+    """(the largest repeat count, the number of items once every counted repeat is written
+    out) of `pattern`, parsed by the regex module's own parser (which `rx.compile` runs first,
+    then writes the repeats out): every syntax it knows (verbose mode, comments, fuzzy
+    matching, POSIX classes, inline flags) is read as it reads it. rx.error if it is invalid."""
+    core = rx._regex_core
+    global_flags = flags
+    while True:  # as regex._main._compile: an inline global flag ((?x)) parses the pattern again
+        source = core.Source(pattern)
+        info = core.Info(global_flags, source.char_type, {})
+        source.ignore_space = bool(info.flags & rx.VERBOSE)
+        source.use_unicode_space(bool(info.flags & rx.VERSION1))
+        try:
+            parsed = core._parse_pattern(source, info)
+            break
+        except core._UnscopedFlagSet:
+            global_flags = info.global_flags
+    largest = 0
+
+    def items(node: Any) -> int:
+        nonlocal largest
+        inner = 0
+        for value in vars(node).values():
+            for child in value if isinstance(value, list | tuple) else (value,):
+                if isinstance(child, core.RegexBase):
+                    inner += items(child)
+        if isinstance(node, core.GreedyRepeat):  # lazy and possessive repeats too (subclasses)
+            count = max(node.min_count, node.max_count or 0)
+            largest = max(largest, count)
+            return max(1, inner) * max(1, count)
+        return 1 + inner
+
+    total = items(parsed)
+    return largest, total
 
 
 def text_search(
@@ -288,25 +361,12 @@ def text_search(
 
     Patterns run on the `regex` module, not `re`: it gives up at a deadline (a pattern like
     `(a|aa)+$` backtracks for ages on a long run of `a`s) and releases the GIL while it
-    matches, so the server's other calls go on meanwhile. Same syntax as `re`."""
+    matches, so the server's other calls go on meanwhile. Same syntax as `re`; a pattern that
+    would compile to something huge (`x{99999999}`) is refused first (`_check_size`)."""
     check_query(query, limit)
     pattern = _compile(query, regex, case_sensitive)
     literal = not regex and LINE_BREAKS.isdisjoint(query)  # then no pattern that can backtrack
-    deadline = time.monotonic() + time_budget
-
-    def search(text: str) -> Any:
-        if literal:  # nothing to time out
-            return pattern.search(text)
-        try:
-            return pattern.search(text, timeout=max(0.001, deadline - time.monotonic()))
-        except TimeoutError:
-            raise CrucibleError(
-                f"the regular expression {query[:100]!r} took more than {time_budget:g} s to match "
-                "the notes, so the search was stopped",
-                "simplify it: nested repetition such as (a+)+ or (a|aa)+ can take forever to "
-                "fail; or search for the literal text without regex",
-            ) from None
-
+    search = pattern.search if literal else _deadline_search(pattern, query, time_budget)
     root = Path(root).resolve()
     hits: list[tuple[bool, str, list[LineMatch]]] = []
     for rel, text in _notes_text(root):
@@ -338,6 +398,51 @@ def text_search(
             line=first.line, matches=lines[:20],
         ))
     return results
+
+
+def _deadline_search(pattern: Any, query: str, budget: float) -> Callable[..., Any]:
+    """`pattern.search`, every call of it together stopped `budget` seconds (of the clock on
+    the wall) from now, with CrucibleError.
+
+    The regex module's `timeout=` counts the process's processor time (C's clock()), not the
+    wall's: a search given the 10 s left took 18 s on a busy machine (the process got half a
+    processor), and other threads' work counts too. So each call gets a share of processor time
+    that is small at first and doubles each time a call needs more (the call is made again,
+    from the start), at most the time left converted at the rate the process has been getting
+    processor time meanwhile; and the deadline is checked before every call (a pattern that
+    times out only on a note's whole text made one fast call per line after it)."""
+    deadline = time.monotonic() + budget
+    share = FIRST_SLICE
+    spent = [0.0, 0.0]  # wall and processor seconds inside pattern.search so far
+
+    def too_slow() -> CrucibleError:
+        return CrucibleError(
+            f"the regular expression {query[:100]!r} took more than {budget:g} s to match "
+            "the notes, so the search was stopped",
+            "simplify it: nested repetition such as (a+)+ or (a|aa)+ can take forever to "
+            "fail; or search for the literal text without regex",
+        )
+
+    def search(text: str) -> Any:
+        nonlocal share
+        while True:
+            now, cpu = time.monotonic(), time.process_time()
+            if now >= deadline:
+                raise too_slow()
+            # processor seconds per wall second while matching (above 1 with other busy threads)
+            rate = spent[1] / spent[0] if spent[0] > 0.05 else 1.0
+            allowed = (deadline - now) * max(rate, 0.05)
+            try:
+                return pattern.search(text, timeout=max(0.001, min(share, allowed)))
+            except TimeoutError:
+                if share >= allowed:
+                    raise too_slow() from None
+                share *= 2
+            finally:
+                spent[0] += time.monotonic() - now
+                spent[1] += time.process_time() - cpu
+
+    return search
 
 
 def _lines_holding(pattern: Any, text: str) -> list[LineMatch]:

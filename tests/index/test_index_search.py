@@ -177,8 +177,48 @@ def test_text_search_gives_up_on_a_runaway_regex(tiny_kiln: Path) -> None:
     with pytest.raises(CrucibleError) as err:
         text_search(tiny_kiln, "(a|aa)+$", regex=True, time_budget=0.5)
     assert "took more than 0.5 s" in err.value.message and "simplify" in (err.value.fix or "")
+    # matching that needs the whole note at once is stopped there too (it ran on, a call a line)
+    (tiny_kiln / "Slow.md").write_text("x" + "a" * 400 + "\n")
+    with pytest.raises(CrucibleError, match="took more than 0.5 s"):
+        text_search(tiny_kiln, "(.*a){25}x", regex=True, time_budget=0.5)
     # the same syntax as Python's re, Unicode words included
     assert text_search(tiny_kiln, r"(?<=al )dente\b", regex=True)[0].path == "Cooking/Pasta.md"
+
+
+@pytest.mark.parametrize(("pattern", "said"), [
+    ("x{99999999}", "repeats something 99,999,999 times; a search allows at most 1,000"),
+    ("x{1000000,}", "repeats something 1,000,000 times"),
+    ("x{0,5000}", "repeats something 5,000 times"),
+    ("(a{1000}){1000}", "(1,002,001 items; a search allows at most 100,000"),
+    ("((a{100}){100}){100}", "(1,020,201 items;"),
+    ("a{1000}" * 101, "items; a search allows at most 100,000"),  # one after another: they add up
+    ("(?:" + "abcdefghij" * 20 + "){1000}", "items; a search allows at most 100,000"),  # a long item
+    ("(?x)(?:a{1000}) # a comment\n {1000}", "(1,001,001 items;"),  # verbose: the count is the group's
+    ("(?x)x{99 999}", "repeats something 99,999 times"),  # verbose: spaces in a count
+    ("(?:(?:a{1000}){e<=1}){1000}", "(1,00"),  # fuzzy matching
+    ("(?:a{1000}){1000}?", "(1,001,001 items;"),  # lazy
+    ("(?:a{1000}){1000}+", "(1,001,001 items;"),  # possessive
+])
+def test_a_pattern_that_would_compile_to_something_huge_is_refused(tiny_kiln: Path, pattern: str, said: str) -> None:
+    """The regex module writes a counted repeat out when it compiles it: x{99999999} took 15 GB
+    (cru mcp was killed) before any time limit applied. Measured on its own parse, first."""
+    with pytest.raises(CrucibleError) as err:
+        text_search(tiny_kiln, pattern, regex=True)
+    assert said in err.value.message, err.value.message
+    assert "nested counts multiply" in (err.value.fix or "")
+
+
+@pytest.mark.parametrize("pattern", [
+    "(a{100}){100}", "x{1000}", "\\d{4}-\\d{2}-\\d{2}", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "(?#x{99999})garlic", "[x{99999}]", "(?x)garlic # x{99999}", "(?:garlic){e<=1}", "x{0,1000}",
+])
+def test_a_pattern_of_a_usual_size_is_searched(tiny_kiln: Path, pattern: str) -> None:
+    text_search(tiny_kiln, pattern, regex=True)  # no error: comments, sets and literal braces are no counts
+
+
+def test_a_pattern_nested_too_deeply_is_refused(tiny_kiln: Path) -> None:
+    with pytest.raises(CrucibleError, match="nests its groups too deeply"):
+        text_search(tiny_kiln, "(" * 3000 + ")" * 3000, regex=True)
 
 
 def test_text_search_ranks_by_matching_lines_and_skips_bad_files(tiny_kiln: Path) -> None:

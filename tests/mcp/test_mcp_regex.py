@@ -9,7 +9,7 @@ from typing import Any
 import httpx2
 import pytest
 import trio
-from conftest import cru_mcp_http, texts
+from conftest import cru_mcp_http, stdio_client, texts
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -69,3 +69,29 @@ async def test_a_runaway_regex_does_not_freeze_the_server(
             r = await attacker.call_tool("text_search", {"query": "a{40}!", "regex": True})
             assert not r.is_error and r.structured_content is not None
             assert [h["path"] for h in r.structured_content["results"]] == ["Trap.md"]
+
+
+async def test_a_regex_bomb_is_refused_before_it_is_compiled(
+    cru_bin: str, mcp_kiln: Path, cru_env: dict[str, str]
+) -> None:
+    """x{99999999} made `cru mcp` compile 15 GB of pattern until the kernel killed it: refused
+    before compiling, with what to do instead; and matching that needs a note's whole text is
+    stopped at the budget too (it overran on a busy machine: the regex module's timeout counts
+    processor time)."""
+    (mcp_kiln / "Slow.md").write_text("x" + "a" * 400 + "\n")
+    async with stdio_client(cru_bin, mcp_kiln, cru_env) as c:
+        for query, said in [
+            ("x{99999999}", "repeats something 99,999,999 times; a search allows at most 1,000"),
+            ("(a{1000}){1000}", "too large once its repeats are multiplied out (1,002,001 items"),
+            ("((a{100}){100}){100}", "too large once its repeats are multiplied out"),
+        ]:
+            r = await c.call_tool("text_search", {"query": query, "regex": True})
+            assert r.is_error and said in texts(r), texts(r)
+            assert "nested counts multiply" in texts(r) and str(mcp_kiln) not in texts(r)
+            info = await c.call_tool("get_kiln_info", {})  # still there, and answering
+            assert not info.is_error, texts(info)
+
+        r = await c.call_tool("text_search", {"query": "(.*a){25}x", "regex": True})
+        assert r.is_error and "took more than 10 s to match" in texts(r), texts(r)
+        r = await c.call_tool("text_search", {"query": "(a{10}){10}!", "regex": True})
+        assert not r.is_error, texts(r)
