@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import mimetypes
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from urllib.parse import unquote, urlparse
 import trio
 
 from crucible.errors import CrucibleError
-from crucible.kiln.paths import resolve_in_kiln
+from crucible.kiln.paths import NotRegularFileError, open_to_read, resolve_in_kiln
 from crucible.terminal import sanitize
 
 # `@path` or `@"path with spaces"`, starting a word.
@@ -116,10 +117,14 @@ async def _note_blocks(names: list[str], kiln: Path, embedded: bool,
 
         def load(rel: str = rel) -> str:
             path = resolve_in_kiln(kiln, rel, must_exist=True)
-            return path.read_text(encoding="utf-8", errors="replace")
+            with os.fdopen(open_to_read(path, rel), "rb") as f:  # a named pipe is not read
+                return f.read().decode("utf-8", errors="replace")
 
         try:
             body = await trio.to_thread.run_sync(load)
+        except NotRegularFileError as exc:  # a named pipe called x.md, say
+            say(f"@{sanitize(name)}: {sanitize(exc.message)}; sent as plain text")
+            continue
         except (CrucibleError, OSError):
             say(f"@{sanitize(name)}: no such note in the kiln; sent as plain text")
             continue

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from crucible.errors import CrucibleError
-from crucible.kiln.paths import open_folder, open_in_folder, swapped_error
+from crucible.kiln.paths import open_folder, open_in_folder, open_to_read, swapped_error
 
 # One lock per target path: makes "check the expected hash, then replace" atomic among this
 # process's writers. Other programs (an editor) are caught by the hash check itself.
@@ -50,12 +50,15 @@ def content_hash(data: str | bytes) -> str:
 
 def file_hash(path: Path, *, root: Path | None = None) -> str | None:
     """The content hash of the file now on disk, or None when there is none. With `root`, read
-    without following a symlink anywhere below it (see `open_folder`)."""
+    without following a symlink anywhere below it (see `open_folder`). A regular file only
+    (`open_to_read`: NotRegularFileError)."""
     if root is None:
         try:
-            return content_hash(path.read_bytes())
+            fd = open_to_read(path, path.name)
         except FileNotFoundError:
             return None
+        with os.fdopen(fd, "rb") as f:
+            return content_hash(f.read())
     folder, name = _open_parent(path, root, create=False)
     try:
         return _hash_in(folder, name)
@@ -81,9 +84,9 @@ def _open_parent(path: Path, root: Path | None, *, create: bool) -> tuple[int, s
         raise FileNotFoundError(f"{'/'.join(parts)} does not exist") from None
 
 
-def _hash_in(folder: int, name: str) -> str | None:
+def _hash_in(folder: int, name: str, rel: str | None = None) -> str | None:
     try:
-        fd = open_in_folder(folder, name, os.O_RDONLY)
+        fd = open_in_folder(folder, name, os.O_RDONLY, rel=rel)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -213,7 +216,8 @@ def remove_file(path: Path, *, root: Path, expected_hash: str | None = None) -> 
             st = os.stat(name, dir_fd=folder, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 raise swapped_error(name)
-            if expected_hash is not None and _hash_in(folder, name) != expected_hash:
+            rel = path.relative_to(root.resolve()).as_posix() if path.is_absolute() else path.as_posix()
+            if expected_hash is not None and _hash_in(folder, name, rel) != expected_hash:
                 raise ConcurrentEditError(f"{path.name} changed since it was read; it was not deleted",
                                           fix="read it again first")
             os.unlink(name, dir_fd=folder)

@@ -44,7 +44,14 @@ from crucible.kiln.late_interaction import (
 )
 from crucible.kiln.lexical import LexicalIndex, lexical_file, load_lexical, words_problem
 from crucible.kiln.notes import MAX_NOTE_BYTES, Note, NoteReadError, decode_note_bytes, read_note
-from crucible.kiln.paths import SKIP_DIRS, KilnPathError, iter_markdown, reserved_dir
+from crucible.kiln.paths import (
+    SKIP_DIRS,
+    KilnPathError,
+    NotRegularFileError,
+    iter_markdown,
+    open_to_read,
+    reserved_dir,
+)
 from crucible.kiln.store import (
     REBUILD,
     STORE_DIR,
@@ -362,11 +369,11 @@ class KilnIndex:
             seen.add(rel)
             entry = manifest.get(rel)
             try:
-                if entry is not None and entry.file_hash == _file_hash(self.root / rel):
+                if entry is not None and entry.file_hash == _file_hash(self.root / rel, rel):
                     continue
                 if entry is None and not _readable_note(self.root / rel, rel):
                     continue  # skipped by every update: not waiting to be indexed
-            except OSError:
+            except (OSError, NotRegularFileError):
                 continue
             stale += 1
         stale += len(set(manifest) - seen)
@@ -642,8 +649,8 @@ class KilnIndex:
             try:
                 stamp = _stamp(path.stat())
                 unchanged = entry is not None and entry.stamp == stamp
-                fh: str | None = None if unchanged else _file_hash(path)
-            except OSError:
+                fh: str | None = None if unchanged else _file_hash(path, rel)
+            except (OSError, NotRegularFileError):
                 stamp, unchanged, fh = "", False, None  # read_note below says why
             if entry is not None and not unchanged and fh == entry.file_hash:
                 touched.append((entry, stamp))  # same content, new stamp
@@ -928,21 +935,24 @@ def group_notes(todo: int) -> int:
     return min(GROUP_NOTES, max(MIN_GROUP_NOTES, -(-todo // PROGRESS_STEPS)))
 
 
-def _file_hash(path: Path) -> str:
-    """Hash of the file's bytes; a file over the note size cap is not read (read_note says why)."""
-    size = path.stat().st_size
-    if size > MAX_NOTE_BYTES:
-        return f"size:{size}"
-    return content_hash(path.read_bytes())
+def _file_hash(path: Path, rel: str) -> str:
+    """Hash of the file's bytes; a file over the note size cap is not read (read_note says why),
+    nor one that is not a regular file (NotRegularFileError: a named pipe would never answer)."""
+    with os.fdopen(open_to_read(path, rel), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_NOTE_BYTES:
+            return f"size:{size}"
+        return content_hash(f.read())
 
 
 def _readable_note(path: Path, rel: str) -> bool:
-    """Whether an update would index this file (not too large, binary or undecodable)."""
-    if path.stat().st_size > MAX_NOTE_BYTES:
-        return False
+    """Whether an update would index this file (a regular file, not too large, binary or undecodable)."""
     try:
-        decode_note_bytes(path.read_bytes(), rel)
-    except NoteReadError:
+        with os.fdopen(open_to_read(path, rel), "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_NOTE_BYTES:
+                return False
+            decode_note_bytes(f.read(), rel)
+    except (NoteReadError, NotRegularFileError):
         return False
     return True
 

@@ -44,7 +44,6 @@ import math
 import os
 import posixpath
 import re
-import stat
 import subprocess
 import sys
 import tempfile
@@ -72,7 +71,7 @@ from crucible.kiln.notes import (
     split_frontmatter,
     wikilinks,
 )
-from crucible.kiln.paths import RESERVED_DIR, iter_markdown, resolve_in_kiln
+from crucible.kiln.paths import RESERVED_DIR, iter_markdown, open_to_read, resolve_in_kiln
 
 if TYPE_CHECKING:
     import numpy as np
@@ -489,10 +488,10 @@ def note_counts(text: str, rel: str, *, words: bool = True) -> NoteCounts:
 def _read_counted(path: str, rel: str, words: bool) -> tuple[Stamp, NoteCounts] | None:
     """The file's stamp and `note_counts`; None if it cannot be read as a note (any more)."""
     try:
-        st = os.stat(path)
-        if st.st_size > MAX_NOTE_BYTES or not stat.S_ISREG(st.st_mode):
-            raise NoteReadError(f"{rel}: not a readable note")
-        with open(path, "rb") as f:
+        with os.fdopen(open_to_read(path, rel), "rb") as f:  # a regular file: a named pipe is not read
+            st = os.fstat(f.fileno())
+            if st.st_size > MAX_NOTE_BYTES:
+                raise NoteReadError(f"{rel}: not a readable note")
             data = f.read(MAX_NOTE_BYTES + 1)
         if len(data) > MAX_NOTE_BYTES:
             raise NoteReadError(f"{rel}: not a readable note")

@@ -490,7 +490,7 @@ def read_note(root: Path, rel: str) -> Note:
         parts = path.relative_to(root.resolve()).parts
         folder = open_folder(root, parts[:-1])
         try:
-            fd = open_in_folder(folder, parts[-1], os.O_RDONLY)
+            fd = open_in_folder(folder, parts[-1], os.O_RDONLY, rel=clean)  # a regular file only
         finally:
             os.close(folder)
         with os.fdopen(fd, "rb") as f:

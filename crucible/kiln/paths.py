@@ -289,14 +289,54 @@ def _is_link(folder_fd: int, name: str) -> bool:
         return True  # gone meanwhile: changing under us, as a swap is
 
 
-def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666) -> int:
-    """`os.open` of `name` inside an opened folder, never through a symlink (KilnPathError)."""
+def open_in_folder(folder_fd: int, name: str, flags: int, mode: int = 0o666, *, rel: str | None = None) -> int:
+    """`os.open` of `name` inside an opened folder, never through a symlink (KilnPathError).
+    Opened to read (O_RDONLY), it must be a regular file (`open_to_read`); `rel`: the
+    kiln-relative path its errors show (default: `name`)."""
     try:
+        if (flags & os.O_ACCMODE) == os.O_RDONLY and not flags & os.O_CREAT:
+            return open_to_read(name, rel or name, dir_fd=folder_fd, flags=flags | os.O_NOFOLLOW)
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise swapped_error(name) from None
+            raise swapped_error(rel or name) from None
         raise
+
+
+class NotRegularFileError(KilnPathError):
+    """A named pipe, socket, device or folder where a note (a regular file) was to be read."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def not_regular_error(rel: str, mode: int) -> NotRegularFileError:
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return NotRegularFileError(f"{shown_rel(rel)}: not a regular file ({kind}); notes are regular files",
+                               fix="remove it or give it another name than .md", rel=rel)
+
+
+def open_to_read(path: str | os.PathLike[str], rel: str, *, dir_fd: int | None = None,
+                 flags: int = os.O_RDONLY) -> int:
+    """A descriptor to read the file at `path`, which must be a regular file: anything else
+    is refused (NotRegularFileError), never read. Every read of a note's bytes opens it here.
+
+    A named pipe called x.md would block its reader in open() until some process writes to
+    it, forever: 45 calls of read_note on one took all of cru mcp's worker threads, and every
+    other tool timed out. So the file is opened with O_NONBLOCK (a pipe's open returns at
+    once; O_NOCTTY: a terminal does not become ours), what was opened is checked with fstat
+    (no gap between a check and the open for a swap to slip into), then reads block again."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular_error(rel, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def swapped_error(rel: str) -> KilnPathError:

@@ -182,6 +182,20 @@ def test_note_that_turns_binary_leaves_the_index(tiny_kiln: Path, opened: list[K
     assert "Links.md" not in ix.manifest()
 
 
+def test_a_named_pipe_is_never_read_by_the_index(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
+    """A FIFO called x.md blocked its reader in open() for good: a full update lists past it,
+    and one named to update_paths (what the file watcher does when it appears) is skipped with
+    why, not opened to read."""
+    (tiny_kiln / "W").mkdir()
+    os.mkfifo(tiny_kiln / "W" / "fifo2.md")
+    ix = open_index(tiny_kiln, opened)
+    report = ix.update()
+    assert report.notes_seen == len(list(tiny_kiln.rglob("*.md"))) - 1 and "W/fifo2.md" not in ix.manifest()
+    report = ix.update_paths(["W/fifo2.md"])
+    assert "not a regular file (a named pipe); notes are regular files" in dict(report.skipped)["W/fifo2.md"]
+    assert "W/fifo2.md" not in ix.manifest() and ix.status().stale == 0
+
+
 def test_only_relative_paths_are_stored(tiny_kiln: Path, opened: list[KilnIndex]) -> None:
     ix = open_index(tiny_kiln, opened)
     ix.update()

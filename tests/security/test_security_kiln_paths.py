@@ -4,12 +4,15 @@ with a clear message — no traceback, no absolute path, no "Internal server err
 
 from __future__ import annotations
 
+import os
 import shlex
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -168,3 +171,59 @@ async def test_a_write_the_note_could_not_be_read_back_from_is_refused(
         read = await client.call_tool("read_note", {"path": "Real.md"})
         assert not read.is_error and "# real" in _texts(read)
     assert (kiln / "Real.md").read_text() == "# real\n"
+
+
+# trio runs at most 40 worker threads at once (its default limiter): more calls than that on a
+# named pipe took every one of them when each blocked in open() (the audit's 45 calls).
+MORE_THAN_THE_WORKER_THREADS = 45
+NOT_REGULAR = "'W/fifo2.md': not a regular file (a named pipe); notes are regular files"
+
+
+async def test_a_named_pipe_called_a_note_is_refused_never_opened(
+    cru_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A FIFO named `*.md` blocked each reader in open() for good (until a writer came): read_note
+    and its like are refused with a message, listings and searches pass it by, and the server
+    answers everything else afterwards."""
+    kiln = tmp_path / "kiln"
+    (kiln / "W").mkdir(parents=True)
+    (kiln / "W" / "real.md").write_text("---\nstatus: draft\n---\n# Real\n\npipes and fifo words\n")
+    os.mkfifo(kiln / "W" / "fifo2.md")
+    errlog = tmp_path / "server.err"
+    async with Client(_server(cru_bin, kiln, clean_env, errlog)) as client:
+        results: list[Any] = []
+
+        async def read_pipe() -> None:
+            results.append(await client.call_tool("read_note", {"path": "W/fifo2.md"}))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(MORE_THAN_THE_WORKER_THREADS):
+                nursery.start_soon(read_pipe)
+        assert len(results) == MORE_THAN_THE_WORKER_THREADS
+        for result in results:
+            assert result.is_error and NOT_REGULAR in _texts(result), _texts(result)
+        for tool, args in [
+            ("read_metadata", {"path": "W/fifo2.md"}),
+            ("update_note", {"path": "W/fifo2.md", "body": "# written\n"}),
+            ("update_note", {"path": "W/fifo2.md", "frontmatter": {"status": "done"}}),
+            ("delete_note", {"path": "W/fifo2.md", "expected_hash": "0" * 64}),
+        ]:
+            result = await client.call_tool(tool, args)
+            assert result.is_error and NOT_REGULAR in _texts(result), (tool, _texts(result))
+            assert str(tmp_path) not in _texts(result)
+        with pytest.raises(Exception, match="not a regular file"):
+            await client.read_resource("kiln://notes/W/fifo2.md")
+
+        info = await client.call_tool("get_kiln_info", {})  # the server still answers
+        assert not info.is_error, _texts(info)
+        listed = await client.call_tool("list_notes", {})
+        assert "W/real.md" in _texts(listed) and "fifo2" not in _texts(listed)
+        for query, regex in [("fifo", False), ("pipe|fifo", True), ("^", True)]:
+            found = await client.call_tool("text_search", {"query": query, "regex": regex})
+            assert not found.is_error, _texts(found)
+            assert found.structured_content is not None
+            assert [h["path"] for h in found.structured_content["results"]] == ["W/real.md"]
+        found = await client.call_tool("property_search", {"query": "status:draft"})
+        assert not found.is_error and "W/real.md" in _texts(found) and "fifo2" not in _texts(found)
+    assert stat.S_ISFIFO((kiln / "W" / "fifo2.md").lstat().st_mode)  # left as it was
+    assert "Traceback" not in errlog.read_text()
