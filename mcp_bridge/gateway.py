@@ -703,10 +703,19 @@ def _template_matches(template: str, uri: str) -> bool:
 
 
 def _home_as_tilde(text: str) -> str:
-    """`text` with the home folder as `~`: a server's stderr (a traceback's paths) and the
-    command that failed are told to the agent when it calls a server that is down."""
-    home = os.path.expanduser("~")
-    return text.replace(home, "~") if len(home) > 1 and home in text else text
+    """`text` with the folder cru runs in as `.` and the home folder as `~` (each as a whole
+    path, not inside a longer name): a server's stderr (a traceback's paths) and the command
+    that failed are told to the agent when it calls a server that is down, and an agent is not
+    shown the machine's absolute paths."""
+    try:
+        here = os.getcwd()
+    except OSError:  # the folder was removed under us
+        here = ""
+    # The longer first: the one inside the other (a home under the folder, or the reverse) wins.
+    for folder, shown in sorted(((here, "."), (os.path.expanduser("~"), "~")), key=lambda f: -len(f[0])):
+        if len(folder) > 1 and folder in text:
+            text = re.sub(re.escape(folder) + r"(?![\w.-])", shown, text)
+    return text
 
 
 def _unreadable(exc: Exception) -> str:

@@ -170,3 +170,17 @@ def test_a_down_servers_error_tells_the_agent_no_path_of_the_home_folder(chat: C
     assert "MCP server 'broken' is down" in told and 'File \\"~/servers/broken.py\\", line 2' in told, told
     assert str(home) not in told
     assert 'File "~/servers/broken.py", line 2' in res.stderr and str(home) not in res.stderr
+
+
+def test_a_down_servers_error_shows_the_folder_cru_runs_in_as_dot(chat: Chat, tmp_path: Path) -> None:
+    # A server kept beside the project (not under home) had its absolute path told to the agent.
+    broken = chat.tmp / "tools" / "broken.py"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_text("import sys\nsys.stderr.write(f'Traceback: File \"{__file__}\", line 2\\n')\nsys.exit(1)\n")
+    write_config(chat.config, f'[[mcp.servers]]\nname = "broken"\n[mcp.servers.transport]\ntype = "stdio"\n'
+                              f'command = "{sys.executable}"\nargs = ["{broken}"]\n[permissions]\n"broken_*" = "allow"\n')
+    res = chat.run([call("broken_anything", {}, "down")])
+    assert res.returncode == 0, res.stderr
+    told = json.dumps(chat.result_of("down"))
+    assert 'File \\"./tools/broken.py\\", line 2' in told, told
+    assert str(chat.tmp) not in told
