@@ -10,6 +10,7 @@ flushed before any line goes to stderr, so in a terminal the two interleave as t
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
@@ -19,6 +20,7 @@ from acp_host.session import (
     HistoryReplay,
     MessageChunk,
     PermissionResolved,
+    RawUpdate,
     SessionError,
     ThoughtChunk,
     ToolCallEvent,
@@ -128,6 +130,12 @@ def child_json(ev: ChildEvent) -> dict[str, Any]:
             "depth": ev.depth, "event": payload}
 
 
+logger = logging.getLogger(__name__)
+# How many different malformed updates one chat says (each once): an agent sending thousands
+# of distinct ones would otherwise bury the answer.
+MAX_UNREADABLE_SAID = 10
+
+
 class TextPrinter(Renderer):
     """`cru chat -p`: the agent's message text on `out`; tool calls, permissions, errors, notices
     and children as short lines on `err`."""
@@ -140,6 +148,7 @@ class TextPrinter(Renderer):
         self._redactor = StreamRedactor()  # a secret the agent streams in pieces is masked too
         self._ended_line = True
         self._replay = ReplayFilter()  # the agent's replay of a resumed conversation: not the answer
+        self._unreadable: set[str] = set()  # the reasons of malformed updates said so far
 
     def render(self, events: Sequence[Any]) -> None:
         super().render(self._replay.live(events))
@@ -168,6 +177,16 @@ class TextPrinter(Renderer):
     def tool_call(self, event: ToolCallEvent) -> None:
         if shown_tool_call(event):
             self._line(tool_line(event))
+
+    def raw_update(self, event: RawUpdate) -> None:
+        # A kind this chat does not know (a newer protocol) is said with -v only; a malformed
+        # update may have carried text or a tool call that is then not shown: said, once a reason.
+        if event.reason.startswith("unknown session update"):
+            logger.info("skipped an update from the agent: %s", event.reason)
+        elif event.reason not in self._unreadable and len(self._unreadable) < MAX_UNREADABLE_SAID:
+            self._unreadable.add(event.reason)
+            self._line(f"[warning] the agent sent an update this chat cannot read ({event.reason}); "
+                       "what it carried is not shown (`--format json` prints it)")
 
     def history_replay(self, event: HistoryReplay) -> None:
         if not event.started:

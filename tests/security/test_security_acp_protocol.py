@@ -83,3 +83,15 @@ def test_a_malformed_permission_request_is_answered_invalid_params_not_asked(cha
         entry = chat.wait_for_log(lambda e, n=name: e.get("kind") == "result" and e.get("as") == n)
         assert entry["result"]["error"]["code"] == -32602, entry
         assert "toolCall (an object) and options" in entry["result"]["error"]["message"]
+
+
+def test_chat_p_says_once_that_it_could_not_read_an_update_and_goes_on(chat: Any) -> None:
+    bad = {"update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 12345}}}
+    newer = {"update": {"sessionUpdate": "some_future_update", "x": 1}}
+    done = chat.run({"prompts": [[{"text": "before "}, bad, bad, newer, {"text": "after"}]]}, "hi")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before after\n"
+    said = [line for line in done.stderr.splitlines() if "cannot read" in line]
+    assert said == ["[warning] the agent sent an update this chat cannot read (invalid agent_message_chunk); "
+                    "what it carried is not shown (`--format json` prints it)"], done.stderr
+    assert "some_future_update" not in done.stderr  # a newer kind: said with -v only
