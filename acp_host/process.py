@@ -127,7 +127,7 @@ def _resolve(command: str, path: str, cwd: Path | None) -> str:
     if os.sep in command:
         target = Path(command) if cwd is None or os.path.isabs(command) else cwd / command
         if not target.exists():
-            raise AgentNotFoundError(
+            raise AgentStartError(
                 f"agent command `{command}` does not exist: check the path, or install the agent"
             )
         if target.is_dir() or not os.access(target, os.X_OK):

@@ -623,6 +623,10 @@ class Upstream:
 
     def _refusal(self, code: int, message: str) -> str:
         """What the agent is told of an error a server answered a call with (the connection goes on)."""
+        from mcp_bridge.upstream_http import (
+            TOO_LONG,  # its words (the HTTP stack loads with the first upstream)
+        )
+
         if TOO_LONG in message:  # our own bound on an HTTP answer (upstream_http), as the SDK relays it
             message = message[message.index(TOO_LONG):]
         elif m := _SSE_TOO_LONG.search(message):  # the SDK's bound on one event of an event stream
@@ -673,8 +677,6 @@ async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -
 
 
 _SERVER_GONE = "the server exited or closed the connection"
-# How the error for an answer past the bound begins (upstream_http's, or said here of the SDK's).
-TOO_LONG = "the server's answer is longer than"
 # The SDK's words when an event of an event stream passes its bound (httpx2's SSEError).
 _SSE_TOO_LONG = re.compile(r"[Ss]erver-sent event exceeded the (\d+) byte limit")
 

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import httpx2
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-from mcp_bridge.gateway import TOO_LONG
+__all__ = ["BODY_MAX_BYTES", "SSE_EVENT_MAX_BYTES", "TOO_LONG", "AnswerTooLong", "bounded_http_client"]
 
-__all__ = ["BODY_MAX_BYTES", "SSE_EVENT_MAX_BYTES", "AnswerTooLong", "bounded_http_client"]
-
+# How the error for an answer past the bound begins (the gateway finds it in what the SDK relays).
+TOO_LONG = "the server's answer is longer than"
 # As a stdio upstream's line (upstream_stdio.LINE_MAX_BYTES): one answer, one message.
 BODY_MAX_BYTES = 32 * 1024 * 1024
 SSE_EVENT_MAX_BYTES = BODY_MAX_BYTES
